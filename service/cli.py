@@ -1,0 +1,86 @@
+"""The ``tenure`` command line.
+
+Each command lives in the package that owns it and is imported only when used, so
+``tenure replay`` never imports the web stack and ``tenure serve`` never imports the simulator.
+A command module exposes ``configure(parser)``, which adds its arguments (and sub-commands) and
+sets ``func`` (``Callable[[argparse.Namespace], int]``) as a parser default.
+
+Errors a user can fix (a bad flag, a missing or malformed file, an unknown policy) raise
+:class:`UsageError` and print one line, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+__all__ = ["UsageError", "main"]
+
+#: command -> (module, help). ``bench`` has sub-commands of its own, listed in ``_BENCHES``.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "replay": ("service.replay.cli", "replay agent traces through the engine model"),
+    "serve": ("service.api.cli", "run the sidecar (OpenAI-compatible proxy + lifecycle API)"),
+}
+_BENCHES: dict[str, tuple[str, str]] = {
+    "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
+    "policy": ("engine_adapter.bench", "per-call cost of the adapter policy vs vLLM's LRU"),
+    "replay": ("service.replay.bench", "speed of one replay over a whole trace"),
+}
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the problem, as every other bad-input path prints.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _configure(parser: argparse.ArgumentParser, module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    module.configure(parser)
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="tenure", description="KV-cache lifecycle control for agent serving")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    wanted = argv[0] if argv else None
+    for name, (module_name, help_text) in _COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        if name == wanted:
+            _configure(sub, module_name)
+    bench = commands.add_parser("bench", help="benchmarks that print figures and write JSON")
+    benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
+    wanted_bench = argv[1] if wanted == "bench" and len(argv) > 1 else None
+    for name, (module_name, help_text) in _BENCHES.items():
+        sub = benches.add_parser(name, help=help_text)
+        if name == wanted_bench:
+            _configure(sub, module_name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_list)
+    args = parser.parse_args(args_list)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return func(args)
+    except UsageError as exc:
+        print(f"tenure: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tenure: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

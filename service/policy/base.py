@@ -1,0 +1,130 @@
+"""The policy contract: a narrow ABC every host-tier policy implements.
+
+The :class:`~service.policy.tier.HostTier` owns the bookkeeping (which blocks are resident,
+capacity, counters); a policy only *decides*. The contract mirrors vLLM's ``CachePolicy``
+(``vllm/v1/kv_offload/cpu/policies/base.py``) one level up, on runs of blocks:
+
+* ``select_victims`` is all-or-nothing: it returns victims covering exactly ``n`` blocks and
+  forgets them, or returns ``None`` and changes nothing. Returning ``None`` is how a policy
+  *refuses* the incoming store (the admission gate).
+* Observation hooks (``on_insert``, ``on_access``, ``on_hint``) never evict.
+* ``due`` returns blocks to drop now whatever the pressure (reclaim on a declared last turn, an
+  expired TTL); ``next_timer`` says when ``due`` will next have work, so callers (the replay's
+  event queue, the engine adapter's ``has_pending_work``) know when to call it.
+* No I/O and no clock reads: ``now`` (seconds) is always an argument.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from service.policy.types import EvictionClass, Run, SessionHint, Victim
+
+if TYPE_CHECKING:
+    from service.policy.tier import HostTier
+
+__all__ = ["PolicyParams", "TierPolicy"]
+
+PolicyParams = Mapping[str, float]
+
+
+class TierPolicy(ABC):
+    """Decides which runs of blocks stay in one capacity-bounded host tier."""
+
+    name: ClassVar[str] = ""
+    #: Parameter defaults; every parameter a policy reads is listed here (explicit, sweepable).
+    defaults: ClassVar[Mapping[str, float]] = {}
+    #: Values the replay's parameter sweep tries, per parameter (the seed sweeps these).
+    sweep: ClassVar[Mapping[str, Sequence[float]]] = {}
+    #: Whether the policy reads lifecycle hints; tags-off variants set False and see none.
+    uses_hints: ClassVar[bool] = False
+    #: ``None`` capacity means unbounded (the ``infinite`` reference).
+    unbounded: ClassVar[bool] = False
+
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        unknown = set(params or {}) - set(self.defaults)
+        if unknown:
+            raise ValueError(
+                f"policy {self.name!r} has no parameter(s) {sorted(unknown)}; "
+                f"valid: {sorted(self.defaults) or 'none'}"
+            )
+        self.params: dict[str, float] = {**self.defaults, **(params or {})}
+        self.counters: Counter[str] = Counter()
+        self._tier: HostTier | None = None
+
+    @property
+    def tier(self) -> HostTier:
+        if self._tier is None:
+            raise RuntimeError("policy is not attached to a HostTier")
+        return self._tier
+
+    def attach(self, tier: HostTier) -> None:
+        """Called once by the tier that owns this policy (gives read access to residency)."""
+        self._tier = tier
+
+    # --- observations: never evict ------------------------------------------------------
+
+    def on_insert(self, run: Run, now: float) -> None:  # noqa: B027 - optional hook
+        """Blocks of ``run`` were just admitted (in prefix order)."""
+
+    def on_access(self, runs: Sequence[Run], now: float) -> None:  # noqa: B027
+        """A request used these resident runs (prefix order); vLLM's request-scoped access."""
+
+    def on_remove(self, run: Run) -> None:  # noqa: B027
+        """Blocks left the tier by a caller's decision (failed store, truncation, session drop)."""
+
+    def on_hint(self, session: str, hint: SessionHint, now: float) -> None:  # noqa: B027
+        """Lifecycle news about ``session`` (expected gap, last turn, suspension)."""
+
+    def on_request_start(self, session: str, now: float) -> None:  # noqa: B027
+        """A request of ``session`` arrived (it is active until its turn ends)."""
+
+    # --- decisions ------------------------------------------------------------------------
+
+    @abstractmethod
+    def select_victims(
+        self, n: int, incoming: str | None, protected: Sequence[Run], now: float
+    ) -> list[Victim] | None:
+        """Free exactly ``n`` resident blocks for a store by ``incoming``, or refuse.
+
+        ``protected`` runs (the offer itself) are never chosen. All-or-nothing: on ``None`` no
+        state changed; otherwise the returned victims are already forgotten by the policy and the
+        tier clears them.
+        """
+
+    def due(self, now: float) -> list[Victim]:
+        """Blocks to drop now regardless of pressure (reclaim, expired TTL); forgotten on return."""
+        return []
+
+    def next_timer(self) -> float | None:
+        """Earliest time at which :meth:`due` may return something, or ``None``."""
+        return None
+
+    def snapshot_counters(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    def _count_victims(self, victims: Sequence[Victim]) -> None:
+        for victim in victims:
+            self.counters[f"evicted_blocks_{victim.cls.value}"] += victim.run.blocks
+        classes = {victim.cls for victim in victims}
+        for cls in classes:
+            self.counters[f"evictions_{cls.value}"] += 1
+
+
+def merge_runs(blocks: Sequence[tuple[int, int]], cls: EvictionClass) -> list[Victim]:
+    """Turn ``(seg, index)`` pairs into victims over maximal contiguous runs (order kept)."""
+    victims: list[Victim] = []
+    for seg, index in blocks:
+        if victims:
+            last = victims[-1].run
+            if last.seg == seg and last.stop == index:
+                victims[-1] = Victim(Run(seg, last.start, index + 1), cls)
+                continue
+            if last.seg == seg and last.start == index + 1:
+                victims[-1] = Victim(Run(seg, index, last.stop), cls)
+                continue
+        victims.append(Victim(Run(seg, index, index + 1), cls))
+    return victims
