@@ -23,6 +23,7 @@ __all__ = ["UsageError", "main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("service.replay.cli", "replay agent traces through the engine model"),
     "serve": ("service.api.cli", "run the sidecar (OpenAI-compatible proxy + lifecycle API)"),
+    "up": ("service.stack_cli", "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it"),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
