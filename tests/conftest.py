@@ -1,0 +1,171 @@
+"""Root fixtures shared by every test package: a real ``redis-server``.
+
+* ``redis_server`` (session scope): one real ``redis-server`` on a free loopback port, in a temp
+  dir, persistence off; stopped at the end of the session.
+* ``redis_url`` (function scope): the URL of that server with every database flushed first, so
+  each test starts from a clean database.
+* ``redis_process_factory`` (function scope): private servers a test may kill and restart
+  (``stop()`` / ``start()`` keep the port), for fault tests; all stopped after the test.
+
+Nothing is faked here: tests that use Redis talk to the real server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+__all__ = ["RedisProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (callers retry if they lose a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisProcess:
+    """One ``redis-server`` child process; ``stop()`` then ``start()`` reuses the same port.
+
+    Persistence is off (no RDB, no AOF), so a killed server comes back empty: fault tests see
+    exactly what a crash of a non-persistent Redis does.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        executable = shutil.which("redis-server")
+        if executable is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.executable = executable
+        self.host = "127.0.0.1"
+        self.port = port if port is not None else free_port()
+        # A port chosen by us may be re-picked if another process grabs it first; once the
+        # server has run on a port (or the caller fixed it), restarts must keep it.
+        self._port_fixed = port is not None
+        self._tmp = tempfile.TemporaryDirectory(prefix="tenure-redis-")
+        self.directory = Path(self._tmp.name)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout_s: float = 10.0) -> RedisProcess:
+        if self.running:
+            return self
+        for _attempt in range(5):
+            self._process = subprocess.Popen(
+                [
+                    self.executable,
+                    "--port", str(self.port),
+                    "--bind", self.host,
+                    "--dir", str(self.directory),
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--daemonize", "no",
+                    "--protected-mode", "yes",
+                    "--loglevel", "warning",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            if self._wait_ready(timeout_s):
+                self._port_fixed = True
+                return self
+            self._kill()
+            if not self._port_fixed:
+                self.port = free_port()
+        raise RuntimeError(f"redis-server did not become ready on 127.0.0.1:{self.port}")
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self._process is None or self._process.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except redis.RedisError:
+                    time.sleep(0.02)
+            return False
+        finally:
+            client.close()
+
+    def _kill(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Kill the server abruptly (SIGKILL), as a crash would."""
+        self._kill()
+
+    def close(self) -> None:
+        self._kill()
+        self._tmp.cleanup()
+
+    def flush(self) -> None:
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=5)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    server = RedisProcess().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """A clean database on the shared server (everything flushed before the test)."""
+    if not redis_server.running:
+        # A test that stopped the shared server must not break the ones after it.
+        redis_server.start()
+    redis_server.flush()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_process_factory() -> Iterator[Callable[[], RedisProcess]]:
+    """Private, killable servers for fault tests; each is stopped and removed afterwards."""
+    made: list[RedisProcess] = []
+
+    def make() -> RedisProcess:
+        server = RedisProcess().start()
+        made.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.close()
