@@ -1,0 +1,35 @@
+"""Tenure's pure decision core: policies, host-tier bookkeeping, gap prediction, retention.
+
+No I/O, no asyncio, no clock reads: time is always an argument. The replay simulator, the
+sidecar and the engine adapter all call these classes.
+"""
+
+from service.policy.base import PolicyParams, TierPolicy
+from service.policy.gap import GapPredictor, stop_class
+from service.policy.registry import (
+    UnknownPolicyError,
+    create_policy,
+    policy_class,
+    policy_names,
+    register_policy,
+)
+from service.policy.tier import HostTier
+from service.policy.types import EvictionClass, Run, SessionHint, StoreResult, Victim
+
+__all__ = [
+    "EvictionClass",
+    "GapPredictor",
+    "HostTier",
+    "PolicyParams",
+    "Run",
+    "SessionHint",
+    "StoreResult",
+    "TierPolicy",
+    "UnknownPolicyError",
+    "Victim",
+    "create_policy",
+    "policy_class",
+    "policy_names",
+    "register_policy",
+    "stop_class",
+]

@@ -19,16 +19,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 if TYPE_CHECKING:
     from service.policy.tier import HostTier
 
-__all__ = ["PolicyParams", "TierPolicy"]
+__all__ = ["HintSource", "PolicyParams", "TierPolicy", "merge_runs"]
 
 PolicyParams = Mapping[str, float]
+HintSource = Literal["none", "predicted", "exact"]
 
 
 class TierPolicy(ABC):
@@ -39,10 +40,14 @@ class TierPolicy(ABC):
     defaults: ClassVar[Mapping[str, float]] = {}
     #: Values the replay's parameter sweep tries, per parameter (the seed sweeps these).
     sweep: ClassVar[Mapping[str, Sequence[float]]] = {}
-    #: Whether the policy reads lifecycle hints; tags-off variants set False and see none.
-    uses_hints: ClassVar[bool] = False
-    #: ``None`` capacity means unbounded (the ``infinite`` reference).
+    #: Which lifecycle hints the caller feeds: ``"none"`` (tags-off and hint-blind baselines),
+    #: ``"predicted"`` (online gap prediction + declared last turn, what a real harness gives),
+    #: ``"exact"`` (the true next gap: the seed's replay and the clairvoyant reference).
+    hint_source: ClassVar[HintSource] = "none"
+    #: The ``infinite`` reference: the tier ignores its capacity.
     unbounded: ClassVar[bool] = False
+    #: The ``notier`` reference: the tier has no room at all, whatever it was given.
+    no_capacity: ClassVar[bool] = False
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         unknown = set(params or {}) - set(self.defaults)
@@ -70,8 +75,17 @@ class TierPolicy(ABC):
     def on_insert(self, run: Run, now: float) -> None:  # noqa: B027 - optional hook
         """Blocks of ``run`` were just admitted (in prefix order)."""
 
-    def on_access(self, runs: Sequence[Run], now: float) -> None:  # noqa: B027
-        """A request used these resident runs (prefix order); vLLM's request-scoped access."""
+    def on_access(  # noqa: B027
+        self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
+    ) -> None:
+        """``session``'s request finished having used ``runs`` (prefix order).
+
+        vLLM's request-scoped access (``on_request_finished``); ``inserted`` are the runs this
+        request stored itself (insertion-only, not a reuse), which ARC tells apart.
+        """
+
+    def on_store_miss(self, runs: Sequence[Run], now: float) -> None:  # noqa: B027
+        """Blocks about to be stored were missing (ARC learns from its ghost lists here)."""
 
     def on_remove(self, run: Run) -> None:  # noqa: B027
         """Blocks left the tier by a caller's decision (failed store, truncation, session drop)."""

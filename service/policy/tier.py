@@ -40,6 +40,8 @@ class HostTier:
             raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
         self.policy = policy
         self.capacity: int | None = None if policy.unbounded else capacity_blocks
+        if policy.no_capacity:
+            self.capacity = 0
         self.used = 0
         self.counters: Counter[str] = Counter()
         self._seg_ids: dict[Hashable, int] = {}
@@ -145,6 +147,7 @@ class HostTier:
         self.counters["store_offers"] += 1
         if n_missing == 0:
             return StoreResult(admitted=True, stored_blocks=0)
+        self.policy.on_store_miss(pieces, now)
         victims: list[Victim] = []
         if self.capacity is not None:
             need = n_missing - (self.capacity - self.used)
@@ -167,9 +170,26 @@ class HostTier:
         self.counters["stored_blocks"] += n_missing
         return StoreResult(admitted=True, stored_blocks=n_missing, victims=tuple(victims))
 
-    def access(self, runs: Sequence[Run], now: float) -> None:
-        """A request used ``runs`` (prefix order); the policy updates recency / lifecycle."""
-        self.policy.on_access(runs, now)
+    def access(
+        self,
+        runs: Sequence[Run],
+        now: float,
+        *,
+        session: str | None = None,
+        inserted: Sequence[Run] = (),
+    ) -> list[Victim]:
+        """A request finished having used ``runs`` (prefix order; vLLM's request-scoped access).
+
+        ``session`` defaults to the owner of the first run; ``inserted`` are the runs the
+        request stored itself (not a reuse). Returns what became due (e.g. the reclaim of a
+        session whose declared last turn just finished).
+        """
+        if session is None:
+            if not runs:
+                return []
+            session = self._seg_owner[runs[0].seg]
+        self.policy.on_access(session, runs, inserted, now)
+        return self.expire(now)
 
     def request_start(self, session: str, now: float) -> None:
         self.policy.on_request_start(session, now)
@@ -208,7 +228,8 @@ class HostTier:
         return removed
 
     def drop_session(self, session: str) -> int:
-        return self.drop([Run(seg, 0, len(self._bitmaps[seg])) for seg in self.segments_of(session)])
+        segs = self.segments_of(session)
+        return self.drop([Run(seg, 0, len(self._bitmaps[seg])) for seg in segs])
 
     # --- internals --------------------------------------------------------------------------
 

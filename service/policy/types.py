@@ -61,12 +61,16 @@ class SessionHint:
 
     ``expected_gap_s`` is the predicted idle time before the session's next turn, ``None`` when
     unknown (tags-off). ``last_turn`` declares that the session has no next turn.
-    ``suspended`` marks a human-approval wait (minutes to hours).
+    ``suspended`` marks a human-approval wait (minutes to hours). Given at a request's start,
+    ``expected_gap_s`` is the gap expected *after* that turn; a later hint refines it.
     """
 
     expected_gap_s: float | None = None
     last_turn: bool = False
     suspended: bool = False
+    #: For a suspended session: discard its host copy this many seconds after the hint
+    #: (``None`` = keep it as long as capacity allows).
+    host_ttl_s: float | None = None
     parent: str | None = None
 
 

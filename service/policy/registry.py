@@ -1,0 +1,73 @@
+"""Policies by name: one module per policy, imported lazily, never an if/elif factory.
+
+Out-of-tree policies register with :func:`register_policy`; an unknown name raises
+:class:`UnknownPolicyError` listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from service.policy.base import PolicyParams, TierPolicy
+
+__all__ = [
+    "UnknownPolicyError",
+    "create_policy",
+    "policy_class",
+    "policy_names",
+    "register_policy",
+]
+
+_REGISTRY: dict[str, str] = {
+    "notier": "service.policy.notier:NoTierPolicy",
+    "infinite": "service.policy.notier:InfinitePolicy",
+    "lru": "service.policy.lru:LRUPolicy",
+    "lru-reclaim": "service.policy.lru:LRUReclaimPolicy",
+    "arc": "service.policy.arc:ARCPolicy",
+    "ttl": "service.policy.ttl:TTLPinPolicy",
+    "marconi": "service.policy.marconi:MarconiPolicy",
+    "mori": "service.policy.mori:MoriPolicy",
+    "tenure": "service.policy.gate:TenureGate",
+    "tenure-tags-off": "service.policy.gate:TenureTagsOff",
+    "tenure-exact-gap": "service.policy.gate:TenureExactGap",
+    "gate-only-literal": "service.policy.gate:GateOnlyLiteral",
+    "oracle": "service.policy.oracle:OraclePolicy",
+}
+
+
+class UnknownPolicyError(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown policy {name!r}; valid: {', '.join(policy_names())}")
+        self.name = name
+
+
+def register_policy(name: str, target: str) -> None:
+    """Register ``target`` (``"package.module:ClassName"``) under ``name``; idempotent."""
+    current = _REGISTRY.get(name)
+    if current is not None and current != target:
+        raise ValueError(f"policy {name!r} is already registered as {current}")
+    _REGISTRY[name] = target
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[TierPolicy]:
+    target = _REGISTRY.get(name)
+    if target is None:
+        raise UnknownPolicyError(name)
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(cls, type) and issubclass(cls, TierPolicy)):
+        raise TypeError(f"{target} is not a TierPolicy")
+    return cls
+
+
+def create_policy(name: str, params: PolicyParams | None = None) -> TierPolicy:
+    return policy_class(name)(params)
+
+
+def default_params() -> Mapping[str, Mapping[str, float]]:
+    return {name: dict(policy_class(name).defaults) for name in policy_names()}
