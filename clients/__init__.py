@@ -1,0 +1,23 @@
+"""Tenure client SDK: agent sessions with lifecycle hints, on the official ``openai`` client.
+
+    from clients import TenureSession
+    with TenureSession(openai_client, session_id="task-42") as s:
+        s.chat(model="m", messages=[{"role": "user", "content": "hi"}])
+
+See ``clients/README.md``.
+"""
+
+from clients._core import RetryPolicy, SessionState
+from clients.async_session import AsyncTenureSession
+from clients.errors import TenureError, TenureLifecycleError, TenureUsageError
+from clients.session import TenureSession
+
+__all__ = [
+    "AsyncTenureSession",
+    "RetryPolicy",
+    "SessionState",
+    "TenureError",
+    "TenureLifecycleError",
+    "TenureSession",
+    "TenureUsageError",
+]
