@@ -43,7 +43,7 @@ class FakeSidecar:
     def handle(
         self, method: str, path: str, headers: dict[str, str], raw: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        body = json.loads(raw) if raw else None
+        body: Any = json.loads(raw) if raw else None
         self.seen.append(Seen(method, path, headers, body))
         if path.endswith("/chat/completions"):
             return self._chat(body)

@@ -21,10 +21,10 @@ FAST_RETRY = RetryPolicy(attempts=3, base_delay_s=0.0, max_delay_s=0.0)
 
 
 @pytest.fixture(params=["sync", "async"])
-def make(request, sync_clients, async_clients):
+def make(request: Any, sync_clients: Any, async_clients: Any) -> Any:
     """Build a sync or async session over the fake; the same test body drives both."""
 
-    def build(session_id: str | None = "task-1", **kwargs: Any):
+    def build(session_id: str | None = "task-1", **kwargs: Any) -> Any:
         if request.param == "sync":
             oa, http = sync_clients
             return TenureSession(oa, session_id, http_client=http, retry=FAST_RETRY, **kwargs)
@@ -38,7 +38,7 @@ async def run(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def test_chat_carries_session_gap_and_segment(make, fake_sidecar):
+async def test_chat_carries_session_gap_and_segment(make: Any, fake_sidecar: Any) -> None:
     """Every completion carries the session id; gap in integer ms; segment and caller headers."""
     s = make(expected_gap_s=2.5, segment="lead")
     reply = await run(
@@ -61,7 +61,7 @@ async def test_chat_carries_session_gap_and_segment(make, fake_sidecar):
     assert s.turns == 1 and s.state == "open"
 
 
-async def test_per_call_gap_overrides_default(make, fake_sidecar):
+async def test_per_call_gap_overrides_default(make: Any, fake_sidecar: Any) -> None:
     s = make(expected_gap_s=2.5)
     await run(s.chat(model="m", messages=MESSAGES, expected_gap_s=0.04, segment="reasoning"))
     [seen] = fake_sidecar.of("/chat/completions")
@@ -69,7 +69,7 @@ async def test_per_call_gap_overrides_default(make, fake_sidecar):
     assert seen.headers["x-tenure-segment"] == "reasoning"
 
 
-async def test_last_turn_marks_and_skips_end_on_exit(make, fake_sidecar):
+async def test_last_turn_marks_and_skips_end_on_exit(make: Any, fake_sidecar: Any) -> None:
     """A declared last turn finishes the session: no gap hint, no extra end call on exit."""
     s = make(expected_gap_s=5)
     await run(s.__aenter__() if hasattr(s, "__aenter__") else s.__enter__())
@@ -87,7 +87,7 @@ async def test_last_turn_marks_and_skips_end_on_exit(make, fake_sidecar):
     assert len(fake_sidecar.seen) == 1
 
 
-async def test_streaming_passes_chunks_and_hints(make, fake_sidecar):
+async def test_streaming_passes_chunks_and_hints(make: Any, fake_sidecar: Any) -> None:
     s = make()
     stream = await run(s.chat(model="m", messages=MESSAGES, stream=True))
     if hasattr(stream, "__aiter__"):
@@ -100,7 +100,7 @@ async def test_streaming_passes_chunks_and_hints(make, fake_sidecar):
     assert seen.headers["x-tenure-session"] == "task-1"
 
 
-async def test_text_completions_carry_hints(make, fake_sidecar):
+async def test_text_completions_carry_hints(make: Any, fake_sidecar: Any) -> None:
     s = make()
     reply = await run(s.complete(model="m", prompt="def f(", expected_gap_s=1))
     assert reply.choices[0].text == "ok"
@@ -109,7 +109,7 @@ async def test_text_completions_carry_hints(make, fake_sidecar):
     assert seen.headers["x-tenure-expected-gap-ms"] == "1000"
 
 
-async def test_suspend_resume_end_requests(make, fake_sidecar):
+async def test_suspend_resume_end_requests(make: Any, fake_sidecar: Any) -> None:
     """Lifecycle calls hit /v1/sessions/{id}/..., with the tenant's bearer key and JSON bodies."""
     s = make()
     await run(s.suspend(reason="approval", expected_wait_s=600))
@@ -129,7 +129,7 @@ async def test_suspend_resume_end_requests(make, fake_sidecar):
     )
 
 
-async def test_spawn_creates_child_with_parent(make, fake_sidecar):
+async def test_spawn_creates_child_with_parent(make: Any, fake_sidecar: Any) -> None:
     """A spawned worker is registered on the parent, and its calls name the parent."""
     s = make(segment="lead")
     child = await run(s.spawn("task-1.w1", role="reviewer", metadata={"tools": ["grep"]}))
@@ -149,14 +149,14 @@ async def test_spawn_creates_child_with_parent(make, fake_sidecar):
     assert s.state == "open"
 
 
-async def test_generated_ids_are_valid(make, fake_sidecar):
+async def test_generated_ids_are_valid(make: Any, fake_sidecar: Any) -> None:
     s = make(session_id=None)
     child = await run(s.spawn())
     assert s.session_id.startswith("s-") and child.session_id.startswith("s-")
     assert child.session_id != s.session_id
 
 
-async def test_retries_503_with_retry_after_then_succeeds(make, fake_sidecar):
+async def test_retries_503_with_retry_after_then_succeeds(make: Any, fake_sidecar: Any) -> None:
     """Redis down on the sidecar (503 + Retry-After) is ridden out by a bounded retry."""
     fake_sidecar.lifecycle_failures = [(503, {"retry-after": "0"}), (503, {"retry-after": "0"})]
     s = make()
@@ -165,7 +165,7 @@ async def test_retries_503_with_retry_after_then_succeeds(make, fake_sidecar):
     assert s.state == "suspended"
 
 
-async def test_gives_up_after_bounded_retries(make, fake_sidecar):
+async def test_gives_up_after_bounded_retries(make: Any, fake_sidecar: Any) -> None:
     fake_sidecar.lifecycle_failures = [(503, {"retry-after": "0"})] * 5
     s = make()
     with pytest.raises(TenureLifecycleError) as err:
@@ -176,7 +176,7 @@ async def test_gives_up_after_bounded_retries(make, fake_sidecar):
     assert s.state == "open"
 
 
-async def test_client_errors_are_not_retried(make, fake_sidecar):
+async def test_client_errors_are_not_retried(make: Any, fake_sidecar: Any) -> None:
     fake_sidecar.lifecycle_failures = [(404, {})]
     s = make()
     with pytest.raises(TenureLifecycleError) as err:
@@ -185,7 +185,7 @@ async def test_client_errors_are_not_retried(make, fake_sidecar):
     assert len(fake_sidecar.seen) == 1
 
 
-async def test_connection_refused_is_retried_then_reported(make, fake_sidecar):
+async def test_connection_refused_is_retried_then_reported(make: Any, fake_sidecar: Any) -> None:
     fake_sidecar.refuse_connections = 1
     s = make()
     await run(s.end())
@@ -208,13 +208,15 @@ async def test_connection_refused_is_retried_then_reported(make, fake_sidecar):
         ({"expected_gap_s": 10**9}, "expected_gap_s"),
     ],
 )
-async def test_bad_arguments_name_the_field(make, fake_sidecar, kwargs, field):
+async def test_bad_arguments_name_the_field(
+    make: Any, fake_sidecar: Any, kwargs: Any, field: Any
+) -> None:
     with pytest.raises(TenureUsageError, match=field):
         make(**kwargs)
     assert fake_sidecar.seen == []
 
 
-async def test_bad_call_arguments_send_nothing(make, fake_sidecar):
+async def test_bad_call_arguments_send_nothing(make: Any, fake_sidecar: Any) -> None:
     s = make()
     with pytest.raises(TenureUsageError, match="expected_gap_s"):
         await run(s.chat(model="m", messages=MESSAGES, expected_gap_s="soon"))
@@ -225,13 +227,13 @@ async def test_bad_call_arguments_send_nothing(make, fake_sidecar):
     assert fake_sidecar.seen == []
 
 
-def test_repr_hides_the_api_key(sync_clients, fake_sidecar):
+def test_repr_hides_the_api_key(sync_clients: Any, fake_sidecar: Any) -> None:
     oa, http = sync_clients
     s = TenureSession(oa, "task-1", http_client=http)
     assert fake_sidecar.api_key not in repr(s) and "task-1" in repr(s)
 
 
-def test_sync_context_exit_ends_also_on_exception(sync_clients, fake_sidecar):
+def test_sync_context_exit_ends_also_on_exception(sync_clients: Any, fake_sidecar: Any) -> None:
     oa, http = sync_clients
     with TenureSession(oa, "task-1", http_client=http) as s:
         s.chat(model="m", messages=MESSAGES)
@@ -244,7 +246,9 @@ def test_sync_context_exit_ends_also_on_exception(sync_clients, fake_sidecar):
     assert fake_sidecar.seen[-1].path == "/v1/sessions/task-2/end"
 
 
-def test_sync_exit_keeps_the_body_exception_when_end_fails(sync_clients, fake_sidecar):
+def test_sync_exit_keeps_the_body_exception_when_end_fails(
+    sync_clients: Any, fake_sidecar: Any
+) -> None:
     """An unreachable sidecar at exit must not hide why the agent loop failed."""
     oa, http = sync_clients
     fake_sidecar.lifecycle_failures = [(503, {"retry-after": "0"})] * 3
@@ -260,7 +264,9 @@ def test_sync_exit_keeps_the_body_exception_when_end_fails(sync_clients, fake_si
         pass
 
 
-async def test_async_context_exit_ends_also_on_exception(async_clients, fake_sidecar):
+async def test_async_context_exit_ends_also_on_exception(
+    async_clients: Any, fake_sidecar: Any
+) -> None:
     oa, http = async_clients
     async with AsyncTenureSession(oa, "task-1", http_client=http) as s:
         worker = await s.spawn("task-1.w1")
