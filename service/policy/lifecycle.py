@@ -1,0 +1,134 @@
+"""Session-level lifecycle decisions: what the sidecar computes after each event of a session.
+
+Pure functions from (event, hints, learned gaps, retention settings, now) to a
+:class:`LifecycleDecision`: the session's state, its expected gap and wake-up, whether its state
+is reclaimed at once (declared last turn), and for suspended sessions the host TTL. The sidecar
+stores the decision in Redis and publishes it on the push channel; the engine adapter applies it
+with the same core classes the replay measures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from service.policy.gap import GapPredictor, stop_class
+from service.policy.retention import PriceVector, choose_regime, host_ttl_seconds
+from service.policy.types import EvictionClass
+
+__all__ = [
+    "LifecycleDecision",
+    "RetentionSettings",
+    "classify",
+    "on_end",
+    "on_request",
+    "on_response",
+    "on_resume",
+    "on_suspend",
+]
+
+State = Literal["active", "idle", "suspended", "finished"]
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleDecision:
+    state: State
+    expected_gap_s: float | None
+    wakeup_at: float | None
+    last_turn: bool
+    reclaim: bool
+    host_ttl_s: float | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionSettings:
+    """What the host-TTL decision needs: price vector, host slots C2, W_ref, lambda mode."""
+
+    price: PriceVector
+    host_slots: float
+    w_ref_s: float
+    #: ``None``: use the online estimate; a number: the SRE fixed lambda (suspensions/s).
+    fixed_lambda: float | None = None
+
+
+def on_request(now: float, *, last_turn: bool, hinted_gap_s: float | None) -> LifecycleDecision:
+    """A turn starts: the session is active; a hint may already say what follows it."""
+    return LifecycleDecision(
+        state="active",
+        expected_gap_s=hinted_gap_s,
+        wakeup_at=None,
+        last_turn=last_turn,
+        reclaim=False,
+        host_ttl_s=None,
+        reason="last_turn_declared" if last_turn else "request",
+    )
+
+
+def on_response(
+    now: float,
+    *,
+    stop_reason: str | None,
+    last_turn: bool,
+    hinted_gap_s: float | None,
+    predictor: GapPredictor,
+    tool: str | None = None,
+) -> LifecycleDecision:
+    """A turn ended: finished (reclaim at once) on a declared last turn, else idle until the
+    hinted or predicted wake-up."""
+    if last_turn:
+        return LifecycleDecision("finished", None, None, True, True, None, "last_turn")
+    if hinted_gap_s is not None:
+        gap, reason = hinted_gap_s, "hinted_gap"
+    else:
+        gap, reason = predictor.predict(stop_reason, tool), f"predicted_{stop_class(stop_reason)}"
+    return LifecycleDecision("idle", gap, now + gap, False, False, None, reason)
+
+
+def on_suspend(
+    now: float,
+    *,
+    expected_wait_s: float | None,
+    retention: RetentionSettings,
+    estimated_lambda: float,
+    calibration_waits_s: Sequence[float] = (),
+) -> LifecycleDecision:
+    """A human-approval wait begins: keep the host copy for ``t2(lambda)`` (or indefinitely).
+
+    With calibration waits the regime controller chooses retain vs TTL; without, the TTL
+    branch applies whenever the host tier is congested.
+    """
+    lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda
+    if calibration_waits_s:
+        choice = choose_regime(
+            calibration_waits_s, lam, retention.price, retention.host_slots, retention.w_ref_s
+        )
+        ttl, reason = choice.host_ttl_s, f"regime_{choice.regime}"
+    else:
+        ttl = host_ttl_seconds(lam, retention.price, retention.host_slots, retention.w_ref_s)
+        reason = "host_retain" if ttl is None else "host_ttl"
+    wakeup = None if expected_wait_s is None else now + expected_wait_s
+    return LifecycleDecision("suspended", expected_wait_s, wakeup, False, False, ttl, reason)
+
+
+def on_resume(now: float) -> LifecycleDecision:
+    return LifecycleDecision("idle", 0.0, now, False, False, None, "resumed")
+
+
+def on_end(now: float) -> LifecycleDecision:
+    return LifecycleDecision("finished", None, None, True, True, None, "ended")
+
+
+def classify(
+    state: State, wakeup_at: float | None, now: float, slack_s: float
+) -> EvictionClass | None:
+    """The eviction class a session would fall in now (``None``: live, not evictable yet)."""
+    if state == "finished":
+        return EvictionClass.FINISHED
+    if state == "active" or wakeup_at is None or not math.isfinite(wakeup_at):
+        return None
+    if now > wakeup_at + slack_s:
+        return EvictionClass.OVERDUE
+    return EvictionClass.FAR_WAKEUP
