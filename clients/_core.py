@@ -51,8 +51,8 @@ SessionState = Literal["open", "suspended", "finished"]
 # Session ids travel in URL paths and headers, so keep them to a safe, bounded alphabet; the
 # sidecar validates again, this check only turns a typo into an error before any request.
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
-# A gap beyond a week is a unit mistake (ms passed as s), not a plan.
-_MAX_GAP_S = 7 * 24 * 3600.0
+# The sidecar's bound (30 days): anything longer is a unit mistake (ms passed as s), not a plan.
+_MAX_GAP_S = 30 * 24 * 3600.0
 
 
 def new_session_id() -> str:
