@@ -1,0 +1,166 @@
+"""vLLM's CPU offloading manager with the seams Tenure's gate needs and ``CachePolicy`` lacks.
+
+The stock manager asks its policy for victims without saying who is storing, frees chunks only
+inside a store, and never wakes the policy up on its own. This subclass, built by
+:class:`~engine_adapter.spec.TenureOffloadingSpec`, adds exactly that and nothing else:
+
+* the whole offer is put to the core's gate (with the storing request) before vLLM evicts, and
+  a refused offer is refused outright;
+* chunks the policy drops outside a store (reclaim on a last turn, an expired host TTL, a pushed
+  decision) go straight back to the pool;
+* pushed decisions and timers are applied on the scheduler thread at each step end, and
+  ``has_pending_work`` keeps the engine stepping while a timer is about to fire.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from typing import Any
+
+from vllm.v1.kv_offload.base import (
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+from engine_adapter.policy import TenureCachePolicy
+
+__all__ = ["TenureOffloadingManager"]
+
+log = logging.getLogger("tenure.adapter")
+
+
+class TenureOffloadingManager(CPUOffloadingManager):
+    """``CPUOffloadingManager`` + store gate, out-of-band frees and timers for Tenure policies."""
+
+    def __init__(
+        self,
+        *args: Any,
+        block_tokens: int = 0,
+        bytes_per_block: int = 0,
+        timer_spin_s: float = 2.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        policy = self._policy
+        self.tenure: TenureCachePolicy | None = (
+            policy if isinstance(policy, TenureCachePolicy) else None
+        )
+        if self.tenure is not None:
+            self.tenure.can_release = True
+            self.tenure.block_tokens = block_tokens
+        self.bytes_per_block = bytes_per_block
+        self.timer_spin_s = timer_spin_s
+        self.push_client: Any = None
+
+    # --- chunk pool -------------------------------------------------------------------------
+
+    def _reclaim(self) -> None:
+        """Return the chunks the policy dropped outside a store to the free pool."""
+        assert self.tenure is not None
+        released = self.tenure.take_released()
+        if not released:
+            return
+        for _key, chunk in released:
+            # The policy releases only idle chunks (ref_cnt 0), which the manager counts as
+            # evictable.
+            self._num_evictable_cache_chunks -= 1
+            self._free_chunk(chunk)
+        if self.events is not None:
+            self.events.append(
+                OffloadingEvent(keys=[k for k, _ in released], medium=self.medium, removed=True)
+            )
+
+    def _poll(self) -> None:
+        assert self.tenure is not None
+        self.tenure.poll()
+        self._reclaim()
+
+    # --- OffloadingManager ------------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        out = super().on_new_request(req_context)
+        if self.tenure is not None:
+            self._poll()
+            self.tenure.on_new_request(req_context)
+            self._reclaim()
+        return out
+
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput | None:
+        tenure = self.tenure
+        if tenure is None:
+            return super().prepare_store(keys, req_context)
+        keys = list(keys)
+        self._poll()
+        missing = [k for k in keys if tenure.get(k) is None]
+        admitted = tenure.begin_store(missing, req_context)
+        try:
+            if not admitted and len(missing) <= self._get_num_free_chunks():
+                # vLLM would store without asking for victims: refuse here.
+                return None
+            return super().prepare_store(keys, req_context)
+        finally:
+            tenure.end_store()
+            self._reclaim()
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        spec = super().prepare_load(keys, req_context)
+        if self.tenure is not None:
+            stats = self.tenure.stats
+            stats["loads"] += 1
+            stats["host_hit_blocks"] += len(keys)
+            stats["bytes_loaded"] += len(keys) * self.bytes_per_block
+        return spec
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        super().complete_store(keys, req_context, success)
+        if self.tenure is not None:
+            if success:
+                self.tenure.stats["bytes_stored"] += len(keys) * self.bytes_per_block
+            self._reclaim()
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        super().complete_load(keys, req_context)
+        if self.tenure is not None:
+            self._reclaim()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        super().on_request_finished(req_context)
+        if self.tenure is not None:
+            self._reclaim()
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        super().on_schedule_end(context)
+        if self.tenure is not None:
+            self._poll()
+
+    def has_pending_work(self) -> bool:
+        if super().has_pending_work():
+            return True
+        tenure = self.tenure
+        if tenure is None:
+            return False
+        # Keep stepping only while a timer is about to fire or a decision waits: an idle engine
+        # blocks on its input queue, and the next request applies anything that came due.
+        return bool(tenure.inbox) or tenure.pending_timer() <= time.monotonic() + self.timer_spin_s
+
+    def reset_cache(self) -> None:
+        super().reset_cache()
+
+    def shutdown(self) -> None:
+        client = self.push_client
+        if client is not None:
+            client.stop()
+            self.push_client = None
+        super().shutdown()

@@ -1,0 +1,63 @@
+"""The ``vllm.general_plugins`` entry point: makes Tenure selectable by name in vLLM.
+
+vLLM calls :func:`register` once in every process it starts (API server, EngineCore, workers),
+possibly more than once per process; registration is therefore idempotent and imports only the
+two factories (the policy and spec modules load lazily, when vLLM asks for them by name).
+
+After it runs, ``kv_connector_extra_config`` accepts, with no module paths:
+
+* ``"eviction_policy"``: ``"tenure"`` and every other core policy (``policy_names()``), the ones
+  clashing with vLLM's built-ins as ``"tenure-lru"`` / ``"tenure-arc"``;
+* ``"spec_name"``: ``"TenureOffloadingSpec"`` (GPU hosts: stock worker, Tenure's manager),
+  ``"TenureCPUOffloadingSpec"`` (vLLM's CPU platform) and ``"CPUHostOffloadingSpec"`` (the stock
+  manager on the CPU platform, for baselines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+__all__ = ["SPECS", "register", "registered_policy_names"]
+
+log = logging.getLogger("tenure.adapter")
+
+SPECS: dict[str, tuple[str, str]] = {
+    "TenureOffloadingSpec": ("engine_adapter.spec", "TenureOffloadingSpec"),
+    "TenureCPUOffloadingSpec": ("engine_adapter.cpu_spec", "TenureCPUOffloadingSpec"),
+    "CPUHostOffloadingSpec": ("engine_adapter.cpu_spec", "CPUHostOffloadingSpec"),
+}
+
+
+def registered_policy_names() -> dict[str, str]:
+    """vLLM ``eviction_policy`` name -> core policy name, for every core policy."""
+    from engine_adapter.policies import vllm_name_for
+    from service.policy import policy_names
+
+    return {vllm_name_for(name): name for name in policy_names()}
+
+
+def _is_ours(loader: object) -> bool:
+    cells = getattr(loader, "__closure__", None) or ()
+    return any(getattr(cell, "cell_contents", None) == "engine_adapter.policies" for cell in cells)
+
+
+def register() -> None:
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    from engine_adapter.policies import class_name_for
+
+    for vllm_name, core_name in registered_policy_names().items():
+        try:
+            CachePolicyFactory.register_cache_policy(
+                vllm_name, "engine_adapter.policies", class_name_for(core_name)
+            )
+        except ValueError:
+            # Already registered: by an earlier call in this process (fine), or a vLLM
+            # built-in of the same name appeared (then vLLM's wins; say so once).
+            if not _is_ours(CachePolicyFactory._registry.get(vllm_name)):
+                log.warning("tenure: vLLM already has a cache policy %r; not overriding", vllm_name)
+    for spec_name, (module, cls) in SPECS.items():
+        with contextlib.suppress(ValueError):
+            OffloadingSpecFactory.register_spec(spec_name, module, cls)

@@ -1,0 +1,44 @@
+"""One ``CachePolicy`` class per core policy, resolvable by ``CachePolicyFactory`` by name.
+
+vLLM instantiates a registered policy as ``cls(cache_capacity=n)`` with no room for a policy
+name, so each core policy gets its own subclass of :class:`TenureCachePolicy`, created on first
+use through this module's ``__getattr__`` (the factory calls ``getattr(module, class_name)``).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from engine_adapter.policy import TenureCachePolicy
+
+__all__ = ["class_name_for", "policy_class_for", "vllm_name_for"]
+
+#: vLLM's built-in policy names; a core policy of the same name is registered with this prefix.
+VLLM_BUILTINS = frozenset({"lru", "arc"})
+_PREFIX = "tenure-"
+
+
+def vllm_name_for(core_name: str) -> str:
+    """The ``eviction_policy`` name under which ``core_name`` is selectable in vLLM."""
+    return _PREFIX + core_name if core_name in VLLM_BUILTINS else core_name
+
+
+def class_name_for(core_name: str) -> str:
+    return "Tenure_" + re.sub(r"\W", "_", core_name)
+
+
+@cache
+def policy_class_for(core_name: str) -> type[TenureCachePolicy]:
+    name = class_name_for(core_name)
+    namespace = {"core_name": core_name, "__module__": __name__, "__qualname__": name}
+    return type(name, (TenureCachePolicy,), namespace)
+
+
+def __getattr__(name: str) -> type[TenureCachePolicy]:
+    from service.policy import policy_names
+
+    for core_name in policy_names():
+        if class_name_for(core_name) == name:
+            return policy_class_for(core_name)
+    raise AttributeError(name)

@@ -1,0 +1,602 @@
+"""Tenure's decision core behind vLLM's ``CachePolicy``: block keys in, session decisions out.
+
+vLLM's offloading manager speaks in block keys (chained prefix hashes); the core speaks in
+sessions and segments (runs of blocks). This class keeps the map between the two and the
+vLLM-side facts the core does not model (chunk handles, transfer pins):
+
+* every resident key has one *owner location* ``(segment, block index)`` in the core's
+  :class:`~service.policy.tier.HostTier`; the index comes from the key's token position, so a
+  session's context maps to a few long runs and the core's cost grows with sessions, not blocks;
+* keys reused by other sessions (shared prefixes) are reference-counted: when the owner's blocks
+  are reclaimed (last turn, host TTL) a live sharer inherits them instead of losing them;
+* invariant: every key in :attr:`chunks` is either resident in the tier or *doomed* (the core
+  dropped it, vLLM still holds the chunk because a transfer pins it, or no manager can free it
+  yet); staged keys are admitted by the core and about to be inserted by vLLM.
+
+A store is decided once, for the whole offer, before vLLM asks for victims:
+:meth:`begin_store` (called by :class:`~engine_adapter.manager.TenureOffloadingManager`, or by
+``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
+chosen victims, or ``None`` to refuse the store. Everything runs on EngineCore's scheduler
+thread; the push-channel thread only appends to :attr:`inbox`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
+
+from engine_adapter.tags import RequestTags, parse_tags
+from service.policy import EvictionClass, HostTier, Run, SessionHint, Victim, create_policy
+from service.push.messages import Decision, Snapshot
+
+__all__ = ["TenureCachePolicy"]
+
+log = logging.getLogger("tenure.adapter")
+
+_Loc = tuple[int, int]
+
+
+@dataclass(slots=True)
+class _RequestInfo:
+    """Per-request state, cached in the request's ``ReqContext``."""
+
+    owner: object
+    tags: RequestTags
+    session: str | None
+    seg: int = -1
+    next_index: int = 0
+    started: bool = False
+    forks: int = 0
+    inserted: list[OffloadKey] = field(default_factory=list)
+
+
+class TenureCachePolicy(CachePolicy):
+    """A ``CachePolicy`` whose decisions come from a core policy (``core_name``)."""
+
+    #: Core policy name; the plugin registers one subclass per core policy.
+    core_name: ClassVar[str] = "tenure"
+
+    def __init__(
+        self,
+        cache_capacity: int,
+        req_context: Any = None,
+        *,
+        core_params: dict[str, float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(cache_capacity)
+        del req_context  # signature symmetry with 0.33's insert; unused here
+        self._clock = clock
+        self._core_params = core_params
+        #: Set by the manager that can free chunks on its own (reclaim, TTL, pushed decisions).
+        self.can_release = False
+        #: Tokens per offloaded block; 0 = learn it from key positions (stock manager).
+        self.block_tokens = 0
+        #: Push channel -> engine thread: Decisions and Snapshots (appended by another thread).
+        self.inbox: deque[Decision | Snapshot] = deque()
+        self.stats: Counter[str] = Counter()
+        self._reset_state()
+
+    # --- state --------------------------------------------------------------------------------
+
+    def _reset_state(self) -> None:
+        self.core = create_policy(self.core_name, self._core_params)
+        self.tier = HostTier(self.core, self.cache_capacity)
+        self.chunks: dict[OffloadKey, ChunkStatus] = {}
+        self._loc: dict[OffloadKey, _Loc] = {}
+        self._key_at: list[list[OffloadKey | None]] = []
+        self._frontier: list[int] = []
+        self._pinned: set[OffloadKey] = set()
+        self._doomed: dict[OffloadKey, EvictionClass] = {}
+        self._staged: set[OffloadKey] = set()
+        self._staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
+        self._refused = False
+        self._released: list[tuple[OffloadKey, ChunkStatus]] = []
+        self._sharers: dict[OffloadKey, dict[str, _Loc]] = {}
+        self._ended: set[str] = set()
+        self._applied_seq: dict[str, int] = {}
+        self._last_ctx: ReqContext | None = None
+        self._next_due = math.inf
+        self.last_applied_seq = -1
+
+    def configure(self, core_params: dict[str, float]) -> None:
+        """Rebuild the (still empty) core with explicit parameters; bad names raise."""
+        if self.chunks:
+            raise RuntimeError("configure() must run before the first store")
+        self._core_params = dict(core_params)
+        self._reset_state()
+
+    @property
+    def sessions_tracked(self) -> int:
+        return sum(1 for _ in self.tier.resident_sessions())
+
+    def resident_blocks(self, session: str) -> int:
+        """Blocks of ``session`` resident in the host tier (what tests and reports read)."""
+        return self.tier.session_resident.get(session, 0)
+
+    # --- segments and positions -----------------------------------------------------------
+
+    def _segment(self, session: str, name: Any) -> int:
+        seg = self.tier.segment((session, name), session)
+        while len(self._key_at) <= seg:
+            self._key_at.append([])
+            self._frontier.append(0)
+        return seg
+
+    def _index(self, key: OffloadKey, ctx: ReqContext | None, info: _RequestInfo) -> int:
+        pos = ctx.get_offload_key_position(key) if ctx is not None else None
+        if pos is None or pos <= 0:
+            return info.next_index
+        if self.block_tokens <= 0:
+            self.block_tokens = pos
+        elif pos % self.block_tokens:
+            self.block_tokens = math.gcd(self.block_tokens, pos)
+        return pos // self.block_tokens - 1
+
+    def _occupant(self, seg: int, index: int) -> OffloadKey | None:
+        slots = self._key_at[seg]
+        return slots[index] if index < len(slots) else None
+
+    def _place(self, key: OffloadKey, loc: _Loc) -> None:
+        seg, index = loc
+        slots = self._key_at[seg]
+        if len(slots) <= index:
+            slots.extend([None] * (index + 1 - len(slots)))
+        slots[index] = key
+        self._loc[key] = loc
+        if index + 1 > self._frontier[seg]:
+            self._frontier[seg] = index + 1
+
+    def _unplace(self, key: OffloadKey) -> _Loc | None:
+        loc = self._loc.pop(key, None)
+        if loc is not None:
+            self._key_at[loc[0]][loc[1]] = None
+        return loc
+
+    # --- requests -------------------------------------------------------------------------
+
+    def _request(self, ctx: ReqContext | None, now: float) -> _RequestInfo:
+        if ctx is None:
+            ctx = self._last_ctx
+        info = ctx.get_state(_RequestInfo) if ctx is not None else None
+        if info is None or info.owner is not self:
+            tags = parse_tags(ctx.kv_transfer_params if ctx is not None else None)
+            if tags.invalid:
+                self.stats["invalid_tags"] += tags.invalid
+            info = _RequestInfo(owner=self, tags=tags, session=tags.session_id)
+            if ctx is not None:
+                ctx.set_state(info)
+        if info.session is None:
+            info.session = self._infer_session(ctx)
+        if not info.started:
+            self._start(info, now)
+        return info
+
+    def _infer_session(self, ctx: ReqContext | None) -> str:
+        """Prefix-chain inference for untagged requests.
+
+        The request continues a session when the deepest of its keys that is resident here is
+        that session's frontier block (its newest); a prefix shared only partly (a common
+        system prompt) starts a new anonymous session instead.
+        """
+        positions: dict[OffloadKey, int] | None = getattr(ctx, "_offload_key_positions", None)
+        if positions:
+            deepest: _Loc | None = None
+            for key in positions:
+                loc = self._loc.get(key)
+                if loc is not None and (deepest is None or loc[1] >= deepest[1]):
+                    deepest = loc
+            if deepest is not None and deepest[1] + 1 == self._frontier[deepest[0]]:
+                return self.tier.owner(deepest[0])
+        self.stats["untagged_requests"] += 1
+        return f"anon-{ctx.req_id if ctx is not None else self.stats['untagged_requests']}"
+
+    def _start(self, info: _RequestInfo, now: float) -> None:
+        session = info.session
+        assert session is not None
+        info.started = True
+        info.seg = self._segment(session, info.tags.segment)
+        self.tier.request_start(session, now)
+        self._ended.discard(session)
+        tags = info.tags
+        if tags.expected_gap_s is not None or tags.last_turn or tags.suspended:
+            hint = SessionHint(
+                expected_gap_s=tags.expected_gap_s,
+                last_turn=tags.last_turn,
+                suspended=tags.suspended,
+            )
+            self._drop_victims(self.tier.hint(session, hint, now), now)
+        self._refresh_timer()
+
+    def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
+        """A request reached the scheduler: its session is active from now."""
+        self._request(ctx, self._clock() if now is None else now)
+
+    # --- the store gate -------------------------------------------------------------------
+
+    def begin_store(
+        self,
+        keys_to_store: Sequence[OffloadKey],
+        ctx: ReqContext | None,
+        now: float | None = None,
+    ) -> bool:
+        """Decide an offer (the keys vLLM is about to store) before vLLM evicts for it.
+
+        Returns whether the core admitted it. On admission the missing keys are staged (the
+        tier counts them resident) and the victims are held for ``evict``.
+        """
+        now = self._clock() if now is None else now
+        self._unstage(now)
+        if ctx is not None:
+            self._last_ctx = ctx
+        info = self._request(ctx, now)
+        session = info.session
+        assert session is not None
+        locs: list[_Loc] = []
+        for key in keys_to_store:
+            if key in self.chunks or key in self._staged:
+                continue
+            index = self._index(key, ctx, info)
+            occupant = self._occupant(info.seg, index)
+            if occupant is not None and occupant != key:
+                # Same session, same position, different content (an edited or branched
+                # context): continue in a fork segment so residency stays one key per slot.
+                info.forks += 1
+                info.seg = self._segment(session, (info.tags.segment, "fork", info.forks))
+            locs.append((info.seg, index))
+            info.next_index = index + 1
+            self._staged.add(key)
+            self._place(key, (info.seg, index))
+        if not locs:
+            return True
+        runs = _merge(locs)
+        protected = runs
+        n_new = len(locs)
+        if self.tier.capacity is not None and n_new > self.tier.capacity - self.tier.used:
+            protected = runs + self._pinned_runs()
+        result = self.tier.store(protected, session, now)
+        if not result.admitted:
+            for key in list(self._staged):
+                self._unplace(key)
+            self._staged.clear()
+            self._refused = True
+            self.stats["refusals"] += 1
+            self.stats["refused_blocks"] += n_new
+            return False
+        self.stats["stores"] += 1
+        self.stats["stored_blocks"] += n_new
+        staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
+        for victim in result.victims:
+            for key in self._keys_of(victim.run):
+                staged_victims.append((key, victim.cls))
+        self._staged_victims = staged_victims
+        return True
+
+    def _keys_of(self, run: Run) -> list[OffloadKey]:
+        slots = self._key_at[run.seg]
+        out: list[OffloadKey] = []
+        for index in range(run.start, min(run.stop, len(slots))):
+            key = slots[index]
+            if key is not None:
+                out.append(key)
+        return out
+
+    def _pinned_runs(self) -> list[Run]:
+        locs = [self._loc[k] for k in self._pinned if k in self._loc]
+        return _merge(sorted(locs))
+
+    def _unstage(self, now: float) -> None:
+        """Roll back what an offer staged but vLLM never inserted (its store was dropped)."""
+        leftovers = [k for k in self._staged if k not in self.chunks]
+        self._staged.clear()
+        if leftovers:
+            runs = [self._run_of(k) for k in leftovers]
+            for key in leftovers:
+                self._unplace(key)
+            self.tier.drop(runs)
+        victims, self._staged_victims = self._staged_victims, None
+        self._refused = False
+        if victims:
+            # The core chose them but vLLM never evicted them: give them back to the tier.
+            self._readmit([k for k, _ in victims], now)
+
+    def _doom(self, key: OffloadKey, cls: EvictionClass) -> None:
+        """The tier no longer holds ``key`` but vLLM still does: evict it first."""
+        self._unplace(key)
+        self._doomed[key] = cls
+
+    def _run_of(self, key: OffloadKey) -> Run:
+        seg, index = self._loc[key]
+        return Run(seg, index, index + 1)
+
+    def _readmit(self, keys: Iterable[OffloadKey], now: float) -> None:
+        for key in keys:
+            loc = self._loc.get(key)
+            if loc is None or key not in self.chunks:
+                continue
+            run = Run(loc[0], loc[1], loc[1] + 1)
+            if self.tier.is_resident(loc[0], loc[1]):
+                continue
+            if not self.tier.store([run], self.tier.owner(loc[0]), now).admitted:
+                self._doom(key, EvictionClass.RECENCY)
+
+    def end_store(self, now: float | None = None) -> None:
+        """vLLM finished ``prepare_store``: drop whatever the offer staged and did not use."""
+        self._unstage(self._clock() if now is None else now)
+
+    # --- CachePolicy ---------------------------------------------------------------------
+
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self.chunks.get(key)
+
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: Any = None) -> None:
+        # vLLM 0.32 calls insert(key, chunk); 0.33 adds the request context.
+        self.chunks[key] = chunk
+        if chunk.ref_cnt != 0:
+            self._pinned.add(key)
+        if key in self._staged:
+            self._staged.discard(key)
+            return
+        # Not staged by a gate decision (a policy driven without begin_store): admit it alone
+        # if there is room, so the tier still accounts for every chunk vLLM holds; else it is
+        # the first to go.
+        if key in self._loc:
+            return
+        now = self._clock()
+        ctx = req_context if isinstance(req_context, ReqContext) else None
+        info = self._request(ctx, now)
+        index = self._index(key, ctx, info)
+        loc = (info.seg, index)
+        capacity = self.tier.capacity
+        if self._occupant(*loc) is None and (capacity is None or self.tier.used < capacity):
+            self._place(key, loc)
+            assert info.session is not None
+            if self.tier.store([Run(loc[0], index, index + 1)], info.session, now).admitted:
+                info.next_index = index + 1
+                return
+            self._unplace(key)
+        self._doomed[key] = EvictionClass.RECENCY
+
+    def remove(self, key: OffloadKey) -> None:
+        self.chunks.pop(key, None)
+        self._pinned.discard(key)
+        self._doomed.pop(key, None)
+        self._sharers.pop(key, None)
+        if key in self._loc:
+            run = self._run_of(key)
+            self._unplace(key)
+            self.tier.drop([run])
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # Not a request-scoped use in the core's model (that is on_request_finished); vLLM 0.32
+        # never calls it from the scheduler. Keep the session map fresh only.
+        return
+
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # Under vLLM's stock manager this is the one call with the request context before
+        # evict(); TenureOffloadingManager has already decided the offer (keys are staged).
+        keys = list(keys)
+        if all(k in self._staged or k in self.chunks for k in keys):
+            return
+        self.begin_store(keys, req_context)
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[OffloadKey]],
+        insertion_only_keys: set[OffloadKey],
+        reused_keys: set[OffloadKey],
+        req_context: ReqContext,
+    ) -> None:
+        now = self._clock()
+        info = self._request(req_context, now)
+        session = info.session
+        assert session is not None
+        locs: list[_Loc] = []
+        inserted: list[_Loc] = []
+        for key in order_request_keys(key_groups, req_context):
+            loc = self._loc.get(key)
+            if loc is None:
+                continue
+            locs.append(loc)
+            if key in insertion_only_keys:
+                inserted.append(loc)
+            if self.tier.owner(loc[0]) != session:
+                # A shared prefix: remember where it sits in this session's context, so the
+                # session can inherit it when the owner's blocks are reclaimed.
+                sharers = self._sharers.setdefault(key, {})
+                if session not in sharers:
+                    sharers[session] = (info.seg, self._index(key, req_context, info))
+        victims = self.tier.access(_merge(locs), now, session=session, inserted=_merge(inserted))
+        if info.tags.last_turn:
+            self._ended.add(session)
+        self._drop_victims(victims, now)
+        self._refresh_timer()
+
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        if n <= 0:
+            return []
+        if self._refused:
+            self._refused = False
+            return None
+        if self._staged_victims is None:
+            # An offer nobody staged (a retried store under the stock manager): decide it now.
+            missing = [k for k in protected if k not in self.chunks and k not in self._staged]
+            if not self.begin_store(missing, None):
+                self._refused = False
+                return None
+        chosen = list(self._staged_victims or ())
+        self._staged_victims = None
+        short = n - len(chosen)
+        if short < 0:
+            # The core freed more than vLLM needs (its books counted chunks vLLM still holds):
+            # the surplus stays with vLLM as doomed, evicted later.
+            for key, cls in chosen[n:]:
+                self._doom(key, cls)
+            chosen = chosen[:n]
+        if short > 0:
+            for key, cls in list(self._doomed.items()):
+                if short == 0:
+                    break
+                if key in self._pinned or key in protected:
+                    continue
+                chosen.append((key, cls))
+                del self._doomed[key]
+                short -= 1
+        if short > 0 or any(k in self._pinned for k, _ in chosen):
+            # Not enough evictable room: refuse; the core already forgot its victims.
+            for key, cls in chosen:
+                self._doom(key, cls)
+            self.stats["refusals_pinned"] += 1
+            return None
+        out: list[tuple[OffloadKey, ChunkStatus]] = []
+        for key, cls in chosen:
+            self._doomed.pop(key, None)
+            self._unplace(key)
+            self._sharers.pop(key, None)
+            out.append((key, self.chunks.pop(key)))
+            self.stats[f"evicted_blocks_{cls.value}"] += 1
+        return out
+
+    def clear(self) -> None:
+        inbox, stats = self.inbox, self.stats
+        self._reset_state()
+        self.inbox, self.stats = inbox, stats
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self._pinned.discard(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._pinned.add(key)
+
+    # --- reclaim, TTL, pushed decisions -----------------------------------------------------
+
+    def _drop_victims(self, victims: Sequence[Victim], now: float) -> None:
+        """Blocks the core dropped outside a store (reclaim, TTL): hand them over or doom them."""
+        for victim in victims:
+            for key in self._keys_of(victim.run):
+                owner = self.tier.owner(self._loc[key][0])
+                self._unplace(key)
+                if victim.cls in (EvictionClass.RECLAIM, EvictionClass.TTL) and self._inherit(
+                    key, owner, now
+                ):
+                    continue
+                self._sharers.pop(key, None)
+                self._doomed[key] = victim.cls
+        if victims and self.can_release:
+            self._release_doomed()
+
+    def _inherit(self, key: OffloadKey, owner: str, now: float) -> bool:
+        sharers = self._sharers.get(key)
+        if not sharers:
+            return False
+        for session, loc in list(sharers.items()):
+            del sharers[session]
+            if session == owner or session in self._ended:
+                continue
+            if self._occupant(*loc) is not None:
+                continue
+            self._place(key, loc)
+            if self.tier.store([Run(loc[0], loc[1], loc[1] + 1)], session, now).admitted:
+                self.stats["inherited_blocks"] += 1
+                return True
+            self._unplace(key)
+        return False
+
+    def _release_doomed(self) -> None:
+        for key in [k for k in self._doomed if k not in self._pinned]:
+            cls = self._doomed.pop(key)
+            chunk = self.chunks.pop(key, None)
+            if chunk is None:
+                continue
+            self._sharers.pop(key, None)
+            self._released.append((key, chunk))
+            self.stats[f"evicted_blocks_{cls.value}"] += 1
+
+    def take_released(self) -> list[tuple[OffloadKey, ChunkStatus]]:
+        """Chunks this policy dropped outside ``evict``; the manager returns them to its pool."""
+        if self.can_release and self._doomed:
+            self._release_doomed()
+        out, self._released = self._released, []
+        return out
+
+    def _refresh_timer(self) -> None:
+        timer = self.core.next_timer()
+        self._next_due = math.inf if timer is None else timer
+
+    def pending_timer(self) -> float:
+        """When the core next has due work (monotonic seconds; ``inf`` = none)."""
+        return self._next_due
+
+    def has_work(self, now: float) -> bool:
+        return bool(self.inbox) or now >= self._next_due or bool(self._released)
+
+    def poll(self, now: float | None = None) -> None:
+        """Apply pushed decisions and fire due timers (engine thread, once per step)."""
+        now = self._clock() if now is None else now
+        while self.inbox:
+            message = self.inbox.popleft()
+            if isinstance(message, Snapshot):
+                self.stats["snapshots_applied"] += 1
+                for decision in message.decisions:
+                    self._apply(decision, now)
+                self.last_applied_seq = max(self.last_applied_seq, message.seq)
+            else:
+                self._apply(message, now)
+                self.last_applied_seq = max(self.last_applied_seq, message.seq)
+        if now >= self._next_due:
+            before = self.core.counters["ttl_expiries"]
+            self._drop_victims(self.tier.expire(now), now)
+            self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
+            self._refresh_timer()
+
+    def _apply(self, decision: Decision, now: float) -> None:
+        session = decision.session_id
+        if decision.seq <= self._applied_seq.get(session, -1):
+            return  # duplicate or older than what we applied (newest per session wins)
+        self._applied_seq[session] = decision.seq
+        wall = time.time()
+        gap = decision.expected_gap_s
+        if decision.wakeup_at is not None:
+            gap = max(0.0, decision.wakeup_at - wall)
+        ttl: float | None = None
+        if decision.host_ttl_s is not None:
+            issued = decision.issued_at or wall
+            ttl = max(0.0, issued + decision.host_ttl_s - wall)
+        last = decision.last_turn or decision.state == "finished"
+        hint = SessionHint(
+            expected_gap_s=gap,
+            last_turn=last,
+            suspended=decision.state == "suspended",
+            parent=decision.parent,
+            host_ttl_s=ttl,
+        )
+        if last:
+            self._ended.add(session)
+        self.stats["decisions_applied"] += 1
+        before = self.core.counters["ttl_expiries"]
+        self._drop_victims(self.tier.hint(session, hint, now), now)
+        self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
+        self._refresh_timer()
+
+
+def _merge(locs: Sequence[_Loc]) -> list[Run]:
+    """``(segment, index)`` pairs in order -> maximal runs."""
+    runs: list[Run] = []
+    for seg, index in locs:
+        if runs:
+            last = runs[-1]
+            if last.seg == seg and last.stop == index:
+                runs[-1] = Run(seg, last.start, index + 1)
+                continue
+        runs.append(Run(seg, index, index + 1))
+    return runs

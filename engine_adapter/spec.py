@@ -1,0 +1,90 @@
+"""``TenureOffloadingSpec``: vLLM's CPU offloading spec with Tenure's manager and push channel.
+
+Select it with ``"spec_name": "TenureOffloadingSpec"`` (registered by the plugin, no module
+path) and a Tenure policy with ``"eviction_policy": "tenure"``. Keys it reads from
+``kv_connector_extra_config`` beside the stock ones:
+
+* ``tenure_push_addr`` — the sidecar's push channel (``tcp://127.0.0.1:PORT`` or ``ipc://``);
+  env ``TENURE_PUSH_ADDR`` when absent; no address = no channel (tags-off decisions only).
+* ``tenure_policy_params`` — explicit core-policy parameters (e.g. ``{"overdue_slack_s": 10}``).
+* ``tenure_timer_spin_s`` — keep the engine stepping this long before a due timer (default 2).
+* ``tenure_report_interval_s`` / ``tenure_hello_interval_s`` — push-channel cadence.
+
+The worker side is the stock one (CUDA / XPU); :mod:`engine_adapter.cpu_spec` swaps in a
+host-copy worker for vLLM's CPU platform.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from vllm.v1.kv_offload.base import OffloadingManager
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+from engine_adapter.manager import TenureOffloadingManager
+
+__all__ = ["PUSH_ADDR_ENV", "TenureOffloadingSpec"]
+
+log = logging.getLogger("tenure.adapter")
+
+PUSH_ADDR_ENV = "TENURE_PUSH_ADDR"
+
+
+def _float(extra: dict[str, Any], key: str, default: float) -> float:
+    value = extra.get(key, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"kv_connector_extra_config.{key} must be a number, got {value!r}"
+        ) from None
+
+
+class TenureOffloadingSpec(CPUOffloadingSpec):
+    """Stock CPU offloading spec whose scheduler side runs :class:`TenureOffloadingManager`."""
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is not None:
+            return self._manager
+        extra = dict(self.extra_config)
+        store_threshold = int(extra.get("store_threshold", 0))
+        block_tokens = self.tokens_per_block[0] * self.blocks_per_chunk
+        manager = TenureOffloadingManager(
+            num_chunks=self.num_chunks,
+            cache_policy=self.eviction_policy,
+            cache_policy_module_path=self.cache_policy_module_path,
+            enable_events=self.kv_events_config.enable_kv_cache_events,
+            store_threshold=store_threshold,
+            max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
+            block_tokens=block_tokens,
+            bytes_per_block=self.kv_bytes_per_chunk,
+            timer_spin_s=_float(extra, "tenure_timer_spin_s", 2.0),
+        )
+        tenure = manager.tenure
+        if tenure is not None:
+            params = extra.get("tenure_policy_params")
+            if params is not None:
+                if not isinstance(params, dict):
+                    raise ValueError(
+                        "kv_connector_extra_config.tenure_policy_params must be a dict"
+                    )
+                tenure.configure(params)
+            addr = extra.get("tenure_push_addr") or os.environ.get(PUSH_ADDR_ENV)
+            if addr:
+                from engine_adapter.push_client import PushClient
+
+                manager.push_client = PushClient(
+                    str(addr),
+                    tenure,
+                    engine_id=str(self.config.engine_id),
+                    bytes_per_block=self.kv_bytes_per_chunk,
+                    report_interval_s=_float(extra, "tenure_report_interval_s", 1.0),
+                    hello_interval_s=_float(extra, "tenure_hello_interval_s", 2.0),
+                )
+                manager.push_client.start()
+            else:
+                log.info("tenure: no push channel configured; lifecycle tags from requests only")
+        self._manager = manager
+        return manager

@@ -1,0 +1,109 @@
+"""A tiny random-weight Llama checkpoint for tests and the local stack (no download).
+
+Random but non-zero weights matter: with vLLM's ``--load-format dummy`` the output ignores the KV
+contents, so a corrupted KV load would go unnoticed; with these weights a wrong load changes the
+greedy tokens and a correct one reproduces them. The checkpoint is deterministic (fixed seed), so
+a cached copy is reused when its marker matches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["TINY_MODEL_VERSION", "VOCAB_SIZE", "ensure_tiny_model", "word_prompt"]
+
+#: Bump when the layout changes, so stale cached copies are rebuilt.
+TINY_MODEL_VERSION = "tiny-llama-v1"
+VOCAB_SIZE = 2048
+_SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
+_MARKER = "tenure_tiny_model.json"
+
+_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ message['role'] }} : {{ message['content'] }} </s> "
+    "{% endfor %}{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def _words() -> list[str]:
+    # Plain lowercase pseudo-words: whitespace-split prompts map one word to one token.
+    return [f"w{i}" for i in range(VOCAB_SIZE - len(_SPECIAL) - 3)] + ["user", "assistant", ":"]
+
+
+def word_prompt(seed: int, n_tokens: int) -> str:
+    """A deterministic prompt of ``n_tokens`` vocabulary words (one token each)."""
+    import random
+
+    rng = random.Random(seed)
+    words = _words()[:-3]
+    return " ".join(rng.choice(words) for _ in range(n_tokens))
+
+
+def _write(target: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(_SPECIAL + _words())}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+    )
+    fast.chat_template = _CHAT_TEMPLATE
+    fast.save_pretrained(target)
+
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        # Larger-than-default init so attention over the (re)loaded KV visibly shapes the output.
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.08)
+    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    (target / _MARKER).write_text(json.dumps({"version": TINY_MODEL_VERSION}))
+
+
+def ensure_tiny_model(cache_dir: str | os.PathLike[str]) -> Path:
+    """Return the path of the tiny model under ``cache_dir``, generating it if missing."""
+    root = Path(cache_dir)
+    target = root / TINY_MODEL_VERSION
+    marker = target / _MARKER
+    if marker.is_file():
+        try:
+            if json.loads(marker.read_text()).get("version") == TINY_MODEL_VERSION:
+                return target
+        except (OSError, ValueError):
+            pass
+    root.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling temp dir and rename, so a concurrent or interrupted build never leaves
+    # a half-written model that looks complete.
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
+    _write(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not marker.is_file():  # lost a race to another writer: theirs is complete
+            raise
+    return target
