@@ -1,0 +1,78 @@
+"""From the decision core's :class:`LifecycleDecision` to a push message and a record update.
+
+The core decides; this module only translates its output into the wire message
+(:class:`~service.push.messages.Decision`) and the session-record fields the APPLY script writes.
+"""
+
+from __future__ import annotations
+
+from service.metrics import Metrics
+from service.policy.lifecycle import LifecycleDecision
+from service.push.messages import Decision
+from service.state.keys import scoped_session_id
+from service.state.store import SessionUpdate
+
+__all__ = ["as_message", "as_update", "count"]
+
+
+def as_message(
+    decision: LifecycleDecision, *, tenant: str, session: str, turn: int, parent: str | None,
+    now: float,
+) -> Decision:  # fmt: skip
+    """The wire message; the scripts fill in ``seq`` (and on the hot path ``turn``)."""
+    return Decision(
+        seq=0,
+        session_id=scoped_session_id(tenant, session),
+        state=decision.state,
+        turn=turn,
+        expected_gap_s=decision.expected_gap_s,
+        wakeup_at=decision.wakeup_at,
+        last_turn=decision.last_turn,
+        host_ttl_s=decision.host_ttl_s,
+        parent=scoped_session_id(tenant, parent) if parent else None,
+        reason=decision.reason,
+        issued_at=now,
+    )
+
+
+def as_update(
+    decision: LifecycleDecision,
+    message: Decision,
+    *,
+    now: float,
+    session_ttl_s: int,
+    finished_ttl_s: int,
+) -> SessionUpdate:
+    """Record fields for the new state; finished sessions leave the live index and expire."""
+    fields = {"state": decision.state, "last_activity": repr(now), "reason": decision.reason}
+    deleted: list[str] = []
+    for name, value in (
+        ("expected_gap_s", decision.expected_gap_s),
+        ("wakeup_at", decision.wakeup_at),
+        ("host_ttl_s", decision.host_ttl_s),
+    ):
+        if value is None:
+            deleted.append(name)
+        else:
+            fields[name] = repr(float(value))
+    if decision.last_turn:
+        fields["last_turn"] = "1"
+    finished = decision.state == "finished"
+    if finished:
+        live_score = None
+    elif decision.wakeup_at is not None:
+        live_score = decision.wakeup_at
+    else:
+        # No wake-up known (a suspension without an expected wait): last in wake-up order.
+        live_score = float("inf") if decision.state == "suspended" else now
+    return SessionUpdate(
+        fields=fields,
+        deleted=deleted,
+        live_score=live_score,
+        ttl_s=finished_ttl_s if finished else session_ttl_s,
+        decision=message,
+    )
+
+
+def count(metrics: Metrics, decision: LifecycleDecision) -> None:
+    metrics.decisions.labels(decision.state, decision.reason).inc()

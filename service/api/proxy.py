@@ -1,0 +1,456 @@
+"""The OpenAI-compatible proxy: hints in, ``kv_transfer_params.tenure`` out, bytes relayed.
+
+Per request, before forwarding: resolve the tenant, read the (bounded) body, validate hints,
+and for a tracked session make exactly one Redis call (``turn_start``). After the upstream's
+last byte, the end of the turn (stop reason, tool, predicted gap) is recorded off the response
+path. If Redis is unavailable the request is still forwarded (fail open, counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from service.api import decisions
+from service.api.errors import openai_error
+from service.api.hints import HintError, Hints, parse_hints
+from service.api.inference import prefix_digests
+from service.api.runtime import Runtime
+from service.api.tenants import TenantResolver
+from service.api.upstream import (
+    ClientGone,
+    RelayResponse,
+    forward_headers,
+    response_headers,
+    send_or_disconnect,
+    upstream_failure,
+)
+from service.metrics import Metrics
+from service.policy import lifecycle, stop_class
+from service.settings import Settings, TenantSpec
+from service.state.breaker import StateUnavailable
+from service.state.keys import scoped_session_id
+from service.state.store import StateStore, TurnStart
+
+__all__ = ["Proxy"]
+
+log = logging.getLogger(__name__)
+
+_decode_json = msgspec.json.decode
+_encode_json = msgspec.json.Encoder().encode
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
+_TOOL_NAME = re.compile(rb'"function"\s*:\s*\{\s*"name"\s*:\s*"([^"\\]{1,128})"')
+
+
+class _Choice(msgspec.Struct):
+    finish_reason: str | None = None
+    message: dict[str, Any] | None = None
+
+
+class _Completion(msgspec.Struct):
+    choices: list[_Choice] = []
+
+
+_completion_decoder = msgspec.json.Decoder(_Completion)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Turn:
+    """A tracked request: what the end-of-turn decision needs."""
+
+    tenant: str
+    start: TurnStart
+    hints: Hints
+    parent: str | None
+    stop_reason: str | None = None
+    tool: str | None = None
+
+    def scan(self, chunk: bytes) -> None:
+        if b"finish_reason" in chunk:
+            for match in _FINISH.finditer(chunk):
+                self.stop_reason = match.group(1).decode()
+        if self.tool is None and b'"function"' in chunk:
+            found = _TOOL_NAME.search(chunk)
+            if found is not None:
+                self.tool = found.group(1).decode(errors="replace")
+
+
+def _clean_tool(name: str | None) -> str:
+    return "" if not name else name.replace("|", "_")[:128]
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StateStore,
+        runtime: Runtime,
+        metrics: Metrics,
+        http: httpx.AsyncClient,
+        tenants: TenantResolver,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.runtime = runtime
+        self.metrics = metrics
+        self.http = http
+        self.tenants = tenants
+        self.clock = clock
+        key = settings.upstream_api_key
+        self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
+        self._pending: set[asyncio.Task[None]] = set()
+        self._latency = {
+            route: metrics.sidecar_latency.labels(route)
+            for route in ("chat", "completions", "passthrough")
+        }
+
+    # --- entry points ----------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._completion(request, "chat", "/v1/chat/completions")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._completion(request, "completions", "/v1/completions")
+
+    async def passthrough(self, request: Request) -> Response:
+        started = time.perf_counter()
+        tenant = self.tenants.resolve(request.headers.get("authorization"))
+        if tenant is None:
+            return self._done("passthrough", _unauthorized(), started)
+        try:
+            body = await self._read_body(request)
+        except _TooLarge:
+            return self._done("passthrough", self._too_large(), started)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        path = request.url.path
+        if request.url.query:
+            path = f"{path}?{request.url.query}"
+        return await self._forward(
+            request, "passthrough", request.method, path, body, None, started
+        )
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for pending end-of-turn writes (shutdown)."""
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=timeout_s)
+
+    # --- the tracked path ---------------------------------------------------------------------
+
+    async def _completion(self, request: Request, route: str, path: str) -> Response:
+        started = time.perf_counter()
+        tenant = self.tenants.resolve(request.headers.get("authorization"))
+        if tenant is None:
+            return self._done(route, _unauthorized(), started)
+        try:
+            body = await self._read_body(request)
+        except _TooLarge:
+            return self._done(route, self._too_large(), started)
+        except ClientDisconnect:
+            return Response(status_code=499)
+
+        payload: Any = None
+        try:
+            payload = _decode_json(body)
+        except msgspec.DecodeError:
+            payload = None
+        body_hints = None
+        had_tenure = isinstance(payload, dict) and "tenure" in payload
+        if had_tenure:
+            body_hints = payload.pop("tenure")
+        try:
+            hints = parse_hints(request.headers, body_hints)
+            if hints.any and not isinstance(payload, dict):
+                raise HintError("body", "a request with tenure hints needs a JSON object body")
+            turn = await self._start_turn(route, tenant, hints, payload)
+            if turn is not None or had_tenure:
+                body = self._rewrite(payload, turn, hints)
+        except HintError as exc:
+            self.metrics.hint_rejections.labels(exc.param).inc()
+            return self._done(
+                route,
+                openai_error(400, exc.message, param=exc.param, code="invalid_tenure_hint"),
+                started,
+            )
+        return await self._forward(request, route, "POST", path, body, turn, started)
+
+    async def _start_turn(
+        self, route: str, tenant: TenantSpec, hints: Hints, payload: Any
+    ) -> _Turn | None:
+        digests: list[str] = []
+        if hints.session is None:
+            messages = payload.get("messages") if isinstance(payload, dict) else None
+            if route == "chat" and tenant.infer_sessions and isinstance(messages, list):
+                digests = prefix_digests(payload.get("model"), messages)
+            if not digests:
+                if hints.any:
+                    raise HintError(
+                        "X-Tenure-Session", "tenure hints need a session id (X-Tenure-Session)"
+                    )
+                return None  # no hints, nothing to infer: plain pass-through
+        now = self.clock()
+        decision = lifecycle.on_request(
+            now, last_turn=hints.last_turn, hinted_gap_s=hints.expected_gap_s
+        )
+        message = decisions.as_message(
+            decision, tenant=tenant.name, session="", turn=0, parent=None, now=now
+        )
+        try:
+            start = await self.store.turn_start(
+                tenant.name,
+                session=hints.session,
+                prefix_digests=digests,
+                new_session_id=f"auto-{digests[0][:24]}" if digests else "",
+                segment=hints.segment,
+                parent=hints.parent,
+                last_turn=hints.last_turn,
+                decision=message,
+                now=now,
+            )
+        except StateUnavailable:
+            self.metrics.fail_open.inc()
+            if hints.session is None:
+                return None  # an inferred session cannot be named without Redis
+            start = TurnStart(hints.session, 0, "", None, 0, False)
+        decisions.count(self.metrics, decision)
+        if start.inferred:
+            self.metrics.sessions_inferred.inc()
+        observation = start.observation
+        if observation is not None:
+            self.runtime.observe_gap(
+                tenant.name, observation.stop_reason, observation.tool, observation.gap_s,
+                observation.expected_s,
+            )  # fmt: skip
+        return _Turn(tenant.name, start, hints, hints.parent)
+
+    def _rewrite(self, payload: dict[str, Any], turn: _Turn | None, hints: Hints) -> bytes:
+        if turn is not None:
+            kv = payload.get("kv_transfer_params")
+            if kv is None:
+                kv = {}
+            elif not isinstance(kv, dict):
+                raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
+            tenure: dict[str, Any] = {
+                "session_id": scoped_session_id(turn.tenant, turn.start.session),
+                "turn": turn.start.turn,
+                "last_turn": hints.last_turn,
+            }
+            if hints.segment is not None:
+                tenure["segment"] = hints.segment
+            if hints.parent is not None:
+                tenure["parent"] = scoped_session_id(turn.tenant, hints.parent)
+            if hints.expected_gap_s is not None:
+                tenure["expected_gap_s"] = hints.expected_gap_s
+            if turn.start.turn == 0:
+                tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
+            kv["tenure"] = tenure
+            payload["kv_transfer_params"] = kv
+        return _encode_json(payload)
+
+    # --- forwarding ------------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        request: Request,
+        route: str,
+        method: str,
+        path: str,
+        body: bytes,
+        turn: _Turn | None,
+        started: float,
+    ) -> Response:
+        upstream_request = self.http.build_request(
+            method,
+            path,
+            headers=forward_headers(request.scope["headers"], self._upstream_auth),
+            content=body,
+        )
+        overhead = time.perf_counter() - started
+        try:
+            upstream = await send_or_disconnect(
+                self.http.send(upstream_request, stream=True), request.receive
+            )
+        except ClientGone:
+            self.metrics.client_disconnects.inc()
+            self.metrics.requests.labels(route, "499").inc()
+            return Response(status_code=499)
+        except httpx.HTTPError as exc:
+            response, kind = upstream_failure(exc)
+            self.metrics.upstream_errors.labels(kind).inc()
+            self._count(route, response.status_code, overhead, time.perf_counter())
+            return response
+        resumed = time.perf_counter()
+        status = upstream.status_code
+        headers = response_headers(upstream.headers)
+        streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        if turn is not None and status < 400 and streaming:
+            on_chunk: Callable[[bytes], None] | None = turn.scan
+        else:
+            on_chunk = None
+
+        if not streaming:
+            try:
+                content = await send_or_disconnect(_read_all(upstream), request.receive)
+            except ClientGone:
+                self.metrics.client_disconnects.inc()
+                self.metrics.requests.labels(route, "499").inc()
+                return Response(status_code=499)
+            except httpx.HTTPError as exc:
+                await upstream.aclose()
+                response, kind = upstream_failure(exc)
+                self.metrics.upstream_errors.labels(kind).inc()
+                self._count(route, response.status_code, overhead, resumed)
+                return response
+            if turn is not None and status < 400:
+                _scan_completion(turn, content, upstream.headers)
+                self._finish_turn(turn)
+            self._count(route, status, overhead, resumed)
+            return Response(content, status_code=status, headers=headers)
+
+        def on_complete(completed: bool) -> None:
+            if not completed:
+                self.metrics.client_disconnects.inc()
+            if turn is not None and status < 400:
+                self._finish_turn(turn)
+
+        self._count(route, status, overhead, resumed)
+        return RelayResponse(
+            upstream,
+            status_code=status,
+            headers=headers,
+            on_chunk=on_chunk,
+            on_complete=on_complete,
+        )
+
+    # --- end of turn -------------------------------------------------------------------------
+
+    def _finish_turn(self, turn: _Turn) -> None:
+        if turn.start.turn == 0:
+            return  # forwarded fail-open: there is no record to update
+        task = asyncio.get_running_loop().create_task(self._record_turn_end(turn))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _record_turn_end(self, turn: _Turn) -> None:
+        now = self.clock()
+        hints = turn.hints
+        decision = lifecycle.on_response(
+            now,
+            stop_reason=turn.stop_reason,
+            last_turn=hints.last_turn,
+            hinted_gap_s=hints.expected_gap_s,
+            predictor=self.runtime.predictor(turn.tenant),
+            tool=turn.tool,
+        )
+        message = decisions.as_message(
+            decision, tenant=turn.tenant, session=turn.start.session, turn=turn.start.turn,
+            parent=turn.parent, now=now,
+        )  # fmt: skip
+        update = decisions.as_update(
+            decision,
+            message,
+            now=now,
+            session_ttl_s=self.settings.session_ttl_s,
+            finished_ttl_s=self.settings.finished_ttl_s,
+        )
+        update.fields["last_end"] = repr(now)
+        update.fields["stop_reason"] = turn.stop_reason or ""
+        update.fields["tool"] = _clean_tool(turn.tool)
+        try:
+            status, _seq = await self.store.apply(
+                turn.tenant,
+                turn.start.session,
+                update,
+                now=now,
+                guard=("turn", str(turn.start.turn)),
+            )
+        except StateUnavailable:
+            return
+        except Exception:  # a bug here must not take the event loop's task down silently
+            log.exception("recording the end of a turn failed")
+            return
+        if status == 1:
+            decisions.count(self.metrics, decision)
+            if decision.expected_gap_s is not None:
+                self.metrics.gap_predicted.labels(stop_class(turn.stop_reason)).observe(
+                    decision.expected_gap_s
+                )
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> Response:
+        self.metrics.hint_rejections.labels("body").inc()
+        return openai_error(
+            413,
+            f"request body is larger than {self.settings.max_body_bytes} bytes",
+            param="body",
+            code="body_too_large",
+        )
+
+    def _count(self, route: str, status: int, overhead: float, resumed: float) -> None:
+        self.metrics.requests.labels(route, str(status)).inc()
+        self._latency[route].observe(overhead + (time.perf_counter() - resumed))
+
+    def _done(self, route: str, response: Response, started: float) -> Response:
+        self.metrics.requests.labels(route, str(response.status_code)).inc()
+        self._latency[route].observe(time.perf_counter() - started)
+        return response
+
+
+async def _read_all(upstream: httpx.Response) -> bytes:
+    chunks = [chunk async for chunk in upstream.aiter_raw()]
+    await upstream.aclose()
+    return b"".join(chunks)
+
+
+def _scan_completion(turn: _Turn, content: bytes, headers: httpx.Headers) -> None:
+    if headers.get("content-encoding"):
+        return  # compressed: leave the stop reason unknown rather than decompress
+    try:
+        completion = _completion_decoder.decode(content)
+    except msgspec.DecodeError:
+        return
+    if not completion.choices:
+        return
+    choice = completion.choices[0]
+    turn.stop_reason = choice.finish_reason
+    calls = (choice.message or {}).get("tool_calls")
+    if isinstance(calls, list) and calls:
+        function = calls[0].get("function") if isinstance(calls[0], dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            turn.tool = function["name"]
+
+
+def _unauthorized() -> Response:
+    return openai_error(
+        401, "unknown or missing API key", type_="invalid_request_error", code="invalid_api_key"
+    )

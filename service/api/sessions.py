@@ -1,0 +1,327 @@
+"""Lifecycle routes: end, suspend, resume, spawn workers, read sessions (tenant-scoped).
+
+Each write is one guarded read-modify-write of the session record (retried on a concurrent
+update) that also publishes the core's decision on the push channel. With Redis down every
+route answers 503 with ``Retry-After`` (see the app's ``StateUnavailable`` handler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.api import decisions
+from service.api.deps import Services, get_services, tenant_of
+from service.policy import lifecycle
+from service.settings import TenantSpec
+from service.state.store import SessionExists, SessionNotFound, SessionUpdate
+
+__all__ = ["SessionView", "SuspendRequest", "WorkerSpawn", "router"]
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="session id (tenant-scoped)")]
+_MAX_WAIT_S = 30 * 86400.0
+_MAX_METADATA_BYTES = 4096
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+class SuspendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="", max_length=256)
+    #: Expected wait before the session resumes (a human approval), seconds.
+    expected_wait_s: float | None = Field(default=None, ge=0, le=_MAX_WAIT_S, allow_inf_nan=False)
+
+
+class WorkerSpawn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str = Field(pattern=ID_PATTERN)
+    role: str = Field(default="worker", pattern=r"^[A-Za-z0-9_-]{1,32}$")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(value, default=str)) > _MAX_METADATA_BYTES:
+            raise ValueError(f"metadata must encode to at most {_MAX_METADATA_BYTES} bytes")
+        return value
+
+
+class SessionView(BaseModel):
+    session_id: str
+    state: str
+    turn: int = 0
+    created_at: float | None = None
+    last_activity: float | None = None
+    expected_gap_s: float | None = None
+    wakeup_at: float | None = None
+    eviction_class: str | None = None
+    stop_reason: str | None = None
+    tool: str | None = None
+    last_turn: bool = False
+    reason: str | None = None
+    suspended_at: float | None = None
+    suspend_reason: str | None = None
+    expected_wait_s: float | None = None
+    host_ttl_s: float | None = None
+    parent: str | None = None
+    role: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    segments: list[str] = Field(default_factory=list)
+    workers: list[str] = Field(default_factory=list)
+    inferred: bool = False
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionView]
+    limit: int
+    offset: int
+
+
+def _float(record: dict[str, str], name: str) -> float | None:
+    value = record.get(name)
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _json_list(record: dict[str, str], name: str) -> list[str]:
+    try:
+        value = json.loads(record.get(name) or "[]")
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def view(session: str, record: dict[str, str], now: float, slack_s: float) -> SessionView:
+    state = record.get("state", "idle")
+    wakeup = _float(record, "wakeup_at")
+    cls = (
+        lifecycle.classify(state, wakeup, now, slack_s)  # type: ignore[arg-type]
+        if state in ("active", "idle", "suspended", "finished")
+        else None
+    )
+    try:
+        metadata = json.loads(record.get("metadata") or "{}")
+    except ValueError:
+        metadata = {}
+    return SessionView(
+        session_id=session,
+        state=state,
+        turn=int(record.get("turn") or 0),
+        created_at=_float(record, "created_at"),
+        last_activity=_float(record, "last_activity"),
+        expected_gap_s=_float(record, "expected_gap_s"),
+        wakeup_at=wakeup,
+        eviction_class=cls.value if cls is not None else None,
+        stop_reason=record.get("stop_reason") or None,
+        tool=record.get("tool") or None,
+        last_turn=record.get("last_turn") == "1",
+        reason=record.get("reason") or None,
+        suspended_at=_float(record, "suspended_at"),
+        suspend_reason=record.get("suspend_reason") or None,
+        expected_wait_s=_float(record, "expected_wait_s"),
+        host_ttl_s=_float(record, "host_ttl_s"),
+        parent=record.get("parent") or None,
+        role=record.get("role") or None,
+        metadata=metadata if isinstance(metadata, dict) else {},
+        segments=_json_list(record, "segments"),
+        workers=_json_list(record, "workers"),
+        inferred=record.get("inferred") == "1",
+    )
+
+
+class _Conflict(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+Svc = Annotated[Services, Depends(get_services)]
+Tenant = Annotated[TenantSpec, Depends(tenant_of)]
+
+
+async def _transition(
+    svc: Services,
+    tenant: TenantSpec,
+    session: str,
+    decide: Any,
+    extra: Any = None,
+) -> SessionView:
+    """Apply ``decide(record, now) -> LifecycleDecision`` to one session, publish, return it."""
+    now = svc.clock()
+    outcome: dict[str, Any] = {}
+
+    def mutate(record: dict[str, str]) -> SessionUpdate:
+        decision = decide(record, now)
+        message = decisions.as_message(
+            decision, tenant=tenant.name, session=session, turn=int(record.get("turn") or 0),
+            parent=record.get("parent") or None, now=now,
+        )  # fmt: skip
+        update = decisions.as_update(
+            decision, message, now=now, session_ttl_s=svc.settings.session_ttl_s,
+            finished_ttl_s=svc.settings.finished_ttl_s,
+        )  # fmt: skip
+        if extra is not None:
+            extra(record, update, now)
+        outcome["decision"] = decision
+        outcome["update"] = update
+        return update
+
+    try:
+        before, _seq = await svc.store.update_session(tenant.name, session, mutate, now=now)
+    except SessionNotFound:
+        raise HTTPException(404, f"session {session!r} not found") from None
+    except _Conflict as exc:
+        raise HTTPException(409, exc.message) from None
+    decisions.count(svc.metrics, outcome["decision"])
+    after = {**before, **outcome["update"].fields}
+    for name in outcome["update"].deleted:
+        after.pop(name, None)
+    return view(session, after, now, svc.runtime.config.overdue_slack_s)
+
+
+@router.post("/{session_id}/end", response_model=SessionView)
+async def end_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
+    """Declare the session finished: its KV is reclaimed at once; the record expires later."""
+    return await _transition(svc, tenant, session_id, lambda _r, now: lifecycle.on_end(now))
+
+
+@router.post("/{session_id}/suspend", response_model=SessionView)
+async def suspend_session(
+    session_id: SessionId,
+    svc: Svc,
+    tenant: Tenant,
+    body: Annotated[SuspendRequest | None, Body()] = None,
+) -> SessionView:
+    """A human-approval wait begins: the core picks host-retain or a host TTL t2(lambda)."""
+    request = body or SuspendRequest()
+    runtime = svc.runtime
+
+    def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
+        if record.get("state") == "finished":
+            raise _Conflict(f"session {session_id!r} is finished")
+        return lifecycle.on_suspend(
+            now,
+            expected_wait_s=request.expected_wait_s,
+            retention=runtime.config.retention(),
+            estimated_lambda=runtime.estimated_lambda(now),
+            calibration_waits_s=runtime.calibration_waits,
+        )
+
+    def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
+        update.fields["suspended_at"] = repr(now)
+        update.fields["suspend_reason"] = request.reason
+        if request.expected_wait_s is not None:
+            update.fields["expected_wait_s"] = repr(request.expected_wait_s)
+        else:
+            update.deleted.append("expected_wait_s")
+        update.push = ("suspensions", repr(now))
+
+    result = await _transition(svc, tenant, session_id, decide, extra)
+    runtime.observe_suspension(svc.clock())
+    return result
+
+
+@router.post("/{session_id}/resume", response_model=SessionView)
+async def resume_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
+    """The wait is over: the session's next turn is imminent."""
+
+    def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
+        if record.get("state") == "finished":
+            raise _Conflict(f"session {session_id!r} is finished")
+        return lifecycle.on_resume(now)
+
+    def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
+        suspended_at = _float(record, "suspended_at")
+        if record.get("state") == "suspended" and suspended_at is not None:
+            # The observed approval wait is a calibration sample for the regime controller.
+            update.push = ("waits", repr(max(0.0, now - suspended_at)))
+        update.deleted.extend(["suspended_at", "expected_wait_s"])
+
+    return await _transition(svc, tenant, session_id, decide, extra)
+
+
+@router.post("/{session_id}/workers", response_model=SessionView, status_code=201)
+async def spawn_worker(
+    session_id: SessionId, spawn: WorkerSpawn, svc: Svc, tenant: Tenant
+) -> SessionView:
+    """Spawn a sub-agent session whose parent is this one; returns the worker's session."""
+    now = svc.clock()
+    parent = await svc.store.get_session(tenant.name, session_id)
+    if parent is None:
+        raise HTTPException(404, f"session {session_id!r} not found")
+    if parent.get("state") == "finished":
+        raise HTTPException(409, f"session {session_id!r} is finished")
+    decision = dataclasses.replace(lifecycle.on_resume(now), reason=f"spawned_{spawn.role}")
+    message = decisions.as_message(
+        decision, tenant=tenant.name, session=spawn.worker_id, turn=0, parent=session_id, now=now
+    )
+    update = decisions.as_update(
+        decision, message, now=now, session_ttl_s=svc.settings.session_ttl_s,
+        finished_ttl_s=svc.settings.finished_ttl_s,
+    )  # fmt: skip
+    update.fields.update(
+        {
+            "id": spawn.worker_id,
+            "turn": "0",
+            "created_at": repr(now),
+            "parent": session_id,
+            "role": spawn.role,
+            "metadata": json.dumps(spawn.metadata, default=str),
+        }
+    )
+    try:
+        await svc.store.create_session(tenant.name, spawn.worker_id, update, now=now)
+    except SessionExists:
+        raise HTTPException(409, f"session {spawn.worker_id!r} already exists") from None
+    decisions.count(svc.metrics, decision)
+
+    def add_worker(record: dict[str, str]) -> SessionUpdate:
+        workers = _json_list(record, "workers")
+        if spawn.worker_id not in workers and len(workers) < 1024:
+            workers.append(spawn.worker_id)
+        return SessionUpdate(fields={"workers": json.dumps(workers)}, keep_live=True)
+
+    # If the parent expired in between, the worker still knows its parent.
+    with contextlib.suppress(SessionNotFound):
+        await svc.store.update_session(tenant.name, session_id, add_worker, now=now)
+    return view(spawn.worker_id, update.fields, now, svc.runtime.config.overdue_slack_s)
+
+
+@router.get("/{session_id}", response_model=SessionView)
+async def get_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
+    record = await svc.store.get_session(tenant.name, session_id)
+    if record is None:
+        raise HTTPException(404, f"session {session_id!r} not found")
+    return view(session_id, record, svc.clock(), svc.runtime.config.overdue_slack_s)
+
+
+@router.get("", response_model=SessionList)
+async def list_sessions(
+    svc: Svc,
+    tenant: Tenant,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> SessionList:
+    """The tenant's live sessions, soonest expected wake-up first."""
+    records = await svc.store.list_sessions(tenant.name, limit=limit, offset=offset)
+    now = svc.clock()
+    slack = svc.runtime.config.overdue_slack_s
+    return SessionList(
+        sessions=[view(r.get("id", ""), r, now, slack) for r in records],
+        limit=limit,
+        offset=offset,
+    )

@@ -1,0 +1,186 @@
+"""Forwarding to the OpenAI-compatible upstream (vLLM): headers, errors, cancellation.
+
+The response is relayed by :class:`RelayResponse`, an ASGI response that pumps upstream bytes
+to the client as they arrive (SSE chunks are flushed one by one, unchanged) while listening for
+the client's disconnect, so a client that goes away cancels the upstream request even while the
+upstream is silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import TypeVar
+
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from service.api.errors import openai_error
+
+__all__ = [
+    "ClientGone",
+    "RelayResponse",
+    "forward_headers",
+    "response_headers",
+    "send_or_disconnect",
+    "upstream_failure",
+]
+
+T = TypeVar("T")
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+_DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
+
+
+class ClientGone(Exception):
+    """The client disconnected before the upstream answered."""
+
+
+def forward_headers(
+    raw: Iterable[tuple[bytes, bytes]], authorization: str | None
+) -> list[tuple[bytes, bytes]]:
+    """Request headers for upstream: hop-by-hop and ``X-Tenure-*`` removed, auth replaced."""
+    out = []
+    for name, value in raw:
+        lowered = name.lower()
+        if lowered in _HOP_BY_HOP_BYTES or lowered.startswith(b"x-tenure-"):
+            continue
+        if authorization is not None and lowered == b"authorization":
+            continue
+        out.append((name, value))
+    if authorization is not None:
+        out.append((b"authorization", authorization.encode()))
+    return out
+
+
+_HOP_BY_HOP_BYTES = frozenset(h.encode() for h in _HOP_BY_HOP)
+
+
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+
+
+def upstream_failure(exc: httpx.HTTPError) -> tuple[Response, str]:
+    """502 for an unreachable upstream, 504 for a timed-out one (OpenAI-style bodies)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return (
+            openai_error(
+                504, "the model server did not answer in time", type_="upstream_timeout",
+                code="upstream_timeout",
+            ),
+            "timeout",
+        )  # fmt: skip
+    return (
+        openai_error(
+            502, f"the model server is unreachable ({type(exc).__name__})",
+            type_="upstream_unreachable", code="upstream_unreachable",
+        ),
+        "unreachable",
+    )  # fmt: skip
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
+    """Await ``work`` unless the client disconnects first (then cancel it, raise ClientGone)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task.done():
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone
+
+
+class RelayResponse(Response):
+    """Stream an upstream response through, chunk by chunk, cancellable by disconnect.
+
+    ``on_chunk`` sees every chunk (the proxy scans them for the finish reason);
+    ``on_complete(completed)`` runs once at the end, ``completed`` False when the stream was
+    cut by either side.
+    """
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        *,
+        status_code: int,
+        headers: Mapping[str, str],
+        on_chunk: Callable[[bytes], None] | None = None,
+        on_complete: Callable[[bool], None] | None = None,
+    ) -> None:
+        super().__init__(content=None, status_code=status_code, headers=dict(headers))
+        # Starlette sets a zero content-length for an empty body; this one streams.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self._upstream = upstream
+        self._on_chunk = on_chunk
+        self._on_complete = on_complete
+
+    async def _pump(self, send: Send) -> bool:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        chunks: AsyncIterator[bytes] = self._upstream.aiter_raw()
+        completed = False
+        try:
+            async for chunk in chunks:
+                if self._on_chunk is not None:
+                    self._on_chunk(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            completed = True
+        except httpx.HTTPError:
+            completed = False  # the upstream died mid-stream; end the body, status is sent
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return completed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed = False
+        pump = asyncio.ensure_future(self._pump(send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                watcher.cancel()
+                with contextlib.suppress(OSError):
+                    completed = pump.result()
+            else:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pump
+        finally:
+            for task in (pump, watcher):
+                if not task.done():
+                    task.cancel()
+            # Closing the upstream response drops its connection: vLLM sees the disconnect
+            # and aborts the generation.
+            await self._upstream.aclose()
+            if self._on_complete is not None:
+                self._on_complete(completed)

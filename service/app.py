@@ -1,0 +1,217 @@
+"""The sidecar's app factory: ``create_app(settings)`` wires everything in the lifespan.
+
+Nothing is created at import time: Redis clients, the upstream HTTP client, the push server and
+the metrics registry belong to one app instance, so tests build as many apps as they like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from starlette.responses import Response
+
+from service.api import admin, sessions
+from service.api.deps import Services
+from service.api.errors import unavailable
+from service.api.proxy import Proxy
+from service.api.runtime import Runtime
+from service.api.tenants import TenantResolver
+from service.metrics import Metrics
+from service.push.messages import TierConfig
+from service.push.server import PushServer
+from service.settings import Settings
+from service.state.breaker import Breaker, StateUnavailable
+from service.state.keys import Keys
+from service.state.store import StateStore, StoreLimits
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+#: Sample sessions-by-state every this many refreshes (it reads up to thousands of records).
+_STATE_SAMPLE_EVERY = 5
+
+
+def _redis(settings: Settings, socket_timeout_s: float) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        # The breaker decides when to try again; a client-side retry would only add waiting.
+        retry=Retry(NoBackoff(), 0),
+        max_connections=512,
+    )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    clock: Callable[[], float] = time.time,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """Build the sidecar app. ``registry`` defaults to a fresh one owned by this app."""
+    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        keys = Keys(settings.redis_prefix)
+        limits = StoreLimits(
+            session_ttl_s=settings.session_ttl_s,
+            finished_ttl_s=settings.finished_ttl_s,
+            decision_stream_maxlen=settings.decision_stream_maxlen,
+            list_maxlen=settings.gap_observations_maxlen,
+            wait_samples_maxlen=settings.wait_samples_maxlen,
+        )
+
+        def count_error(op: str) -> None:
+            metrics.redis_errors.labels(op).inc()
+
+        client = _redis(settings, settings.redis_timeout_s)
+        store = StateStore(
+            client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error), limits
+        )
+        tenants = TenantResolver(settings.tenants, settings.default_tenant)
+        runtime = Runtime(
+            store, metrics, gap_log_len=settings.gap_observations_maxlen,
+            tenants=tenants.names, clock=clock,
+        )  # fmt: skip
+        await runtime.refresh(sample_states=True)
+        http = httpx.AsyncClient(
+            base_url=settings.upstream_url,
+            timeout=httpx.Timeout(
+                connect=settings.upstream_connect_timeout_s,
+                read=settings.upstream_read_timeout_s,
+                write=settings.upstream_read_timeout_s,
+                pool=settings.upstream_connect_timeout_s,
+            ),
+            limits=httpx.Limits(
+                max_connections=settings.upstream_max_connections,
+                max_keepalive_connections=settings.upstream_max_connections,
+            ),
+            transport=upstream_transport,
+            trust_env=False,
+        )
+        tail_client: aioredis.Redis | None = None
+        push: PushServer | None = None
+        if settings.push_addr:
+            # Blocking stream reads need their own connection and a longer socket timeout.
+            tail_client = _redis(settings, settings.redis_timeout_s + 5.0)
+            tail_store = StateStore(
+                tail_client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error),
+                limits,
+            )  # fmt: skip
+
+            def tier_config() -> TierConfig:
+                config = runtime.config
+                return TierConfig(
+                    policy_mode=config.policy_mode,
+                    host_capacity_bytes=config.host_capacity_bytes.get("cpu"),
+                    overdue_slack_s=config.overdue_slack_s,
+                )
+
+            push = PushServer(
+                settings.push_addr, tail_store, metrics, tier_config=tier_config,
+                snapshot_interval_s=settings.push_snapshot_interval_s, clock=clock,
+            )  # fmt: skip
+            await push.start()
+        proxy = Proxy(settings, store, runtime, metrics, http, tenants, clock)
+        app.state.services = Services(
+            settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
+            clock=clock, push=push,
+        )  # fmt: skip
+        app.state.proxy = proxy
+
+        async def refresh_forever() -> None:
+            rounds = 0
+            while True:
+                await asyncio.sleep(settings.refresh_interval_s)
+                rounds += 1
+                try:
+                    await runtime.refresh(sample_states=rounds % _STATE_SAMPLE_EVERY == 0)
+                except Exception:
+                    log.exception("runtime refresh failed")
+
+        refresher = asyncio.get_running_loop().create_task(refresh_forever())
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+            await proxy.drain()
+            if push is not None:
+                await push.stop()
+            await http.aclose()
+            await client.aclose()
+            if tail_client is not None:
+                await tail_client.aclose()
+
+    app = FastAPI(
+        title="Tenure sidecar",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="OpenAI-compatible proxy with KV-cache lifecycle control.",
+    )
+    app.state.metrics = metrics
+
+    @app.exception_handler(StateUnavailable)
+    async def _state_unavailable(request: Request, exc: StateUnavailable) -> Response:
+        return unavailable(exc.retry_after_s)
+
+    app.include_router(sessions.router)
+    app.include_router(admin.router)
+
+    def proxy_of(request: Request) -> Proxy:
+        proxy: Proxy = request.app.state.proxy
+        return proxy
+
+    @app.post("/v1/chat/completions", include_in_schema=False)
+    async def chat_completions(request: Request) -> Response:
+        return await proxy_of(request).chat_completions(request)
+
+    @app.post("/v1/completions", include_in_schema=False)
+    async def completions(request: Request) -> Response:
+        return await proxy_of(request).completions(request)
+
+    @app.api_route(
+        "/v1/{path:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
+    async def passthrough(request: Request) -> Response:
+        return await proxy_of(request).passthrough(request)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz(request: Request) -> JSONResponse:
+        services: Services = request.app.state.services
+        redis_ok = True
+        try:
+            await services.store.ping()
+        except StateUnavailable:
+            redis_ok = False
+        body: dict[str, Any] = {
+            "status": "ok" if redis_ok else "degraded",
+            "redis": redis_ok,
+            "push_adapters": services.push.adapters if services.push is not None else [],
+        }
+        return JSONResponse(body)
+
+    return app

@@ -1,0 +1,189 @@
+"""Prometheus metrics of the sidecar, on an explicitly passed ``CollectorRegistry``.
+
+Every name has the ``tenure_`` prefix and its unit in the name. The app factory builds one
+:class:`Metrics` per app (tests build as many as they like; nothing is global), and ``/metrics``
+renders that registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.push.messages import ResidencyReport
+
+__all__ = ["Metrics"]
+
+# Sidecar overhead is sub-millisecond when healthy; the upper buckets catch Redis trouble.
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_GAP_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600, 7200)
+_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.requests = Counter(
+            "tenure_requests", "Requests served, by route and status", ["route", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.sidecar_latency = Histogram(
+            "tenure_sidecar_latency_seconds",
+            "Time spent in the sidecar per request, excluding the upstream",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "tenure_upstream_errors", "Upstream failures by kind", ["kind"], registry=r
+        )
+        self.client_disconnects = Counter(
+            "tenure_client_disconnects",
+            "Streams cut by the client (upstream request cancelled)",
+            registry=r,
+        )
+        self.sessions = Gauge(
+            "tenure_sessions", "Live sessions by lifecycle state", ["state"], registry=r
+        )
+        self.sessions_inferred = Counter(
+            "tenure_sessions_inferred",
+            "Requests whose session was inferred from message-prefix hashes",
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tenure_decisions", "Session decisions published, by kind and reason",
+            ["kind", "reason"], registry=r,
+        )  # fmt: skip
+        self.redis_errors = Counter(
+            "tenure_redis_errors", "Failed Redis operations", ["op"], registry=r
+        )
+        self.fail_open = Counter(
+            "tenure_fail_open",
+            "Proxied requests forwarded without lifecycle state because Redis was unavailable",
+            registry=r,
+        )
+        self.hint_rejections = Counter(
+            "tenure_hint_rejections", "Requests refused for malformed hints", ["field"],
+            registry=r,
+        )  # fmt: skip
+        self.gap_observed = Histogram(
+            "tenure_gap_observed_seconds", "Observed idle gaps between turns, by stop class",
+            ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.gap_predicted = Histogram(
+            "tenure_gap_predicted_seconds", "Predicted (or declared) gaps, by stop class",
+            ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.gap_prediction_error = Histogram(
+            "tenure_gap_prediction_error_seconds",
+            "Absolute error of the expected gap against the observed one",
+            ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.lambda_estimate = Gauge(
+            "tenure_lambda_estimate_per_second",
+            "Offered rate of suspended sessions (the lambda of the host-TTL rule)",
+            registry=r,
+        )
+        self.lambda_crit = Gauge(
+            "tenure_lambda_crit_per_second", "Load above which host DRAM is scarce", registry=r
+        )
+        self.host_ttl = Gauge(
+            "tenure_host_ttl_seconds",
+            "Host TTL t2(lambda) given to suspended sessions now (-1 = retain indefinitely)",
+            registry=r,
+        )
+        # Push channel.
+        self.push_adapters = Gauge(
+            "tenure_push_adapters", "Adapters heard from recently", registry=r
+        )
+        self.push_messages = Counter(
+            "tenure_push_messages", "Push-channel messages, by direction and kind",
+            ["direction", "kind"], registry=r,
+        )  # fmt: skip
+        self.push_lag = Histogram(
+            "tenure_push_lag_seconds",
+            "Delay from a decision being issued to it being sent to adapters",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.push_resyncs = Counter(
+            "tenure_push_resyncs", "Snapshots sent on adapter resync requests", registry=r
+        )
+        self.push_seq_behind = Gauge(
+            "tenure_push_seq_behind", "Decisions an adapter has not applied yet, by adapter",
+            ["adapter"], registry=r,
+        )  # fmt: skip
+        self.push_bad_frames = Counter(
+            "tenure_push_bad_frames", "Undecodable frames received on the push channel",
+            registry=r,
+        )  # fmt: skip
+        # The adapters' residency counters, summed over adapters.
+        self.adapter_stores = Counter(
+            "tenure_adapter_stores", "Store operations into the host tier", registry=r
+        )
+        self.adapter_stored_blocks = Counter(
+            "tenure_adapter_stored_blocks", "Blocks stored into the host tier", registry=r
+        )
+        self.adapter_refusals = Counter(
+            "tenure_adapter_refusals", "Stores refused by the capacity gate", registry=r
+        )
+        self.adapter_refused_blocks = Counter(
+            "tenure_adapter_refused_blocks", "Blocks refused by the capacity gate", registry=r
+        )
+        self.adapter_evicted_blocks = Counter(
+            "tenure_adapter_evicted_blocks", "Blocks evicted from the host tier, by class",
+            ["class"], registry=r,
+        )  # fmt: skip
+        self.adapter_host_hit_blocks = Counter(
+            "tenure_adapter_host_hit_blocks", "Blocks served from the host tier", registry=r
+        )
+        self.adapter_loads = Counter(
+            "tenure_adapter_loads", "Load operations from the host tier", registry=r
+        )
+        self.adapter_bytes_stored = Counter(
+            "tenure_adapter_bytes_stored", "Bytes written to the host tier", registry=r
+        )
+        self.adapter_bytes_loaded = Counter(
+            "tenure_adapter_bytes_loaded", "Bytes loaded back from the host tier", registry=r
+        )
+        self.adapter_ttl_expiries = Counter(
+            "tenure_adapter_ttl_expiries", "Host copies discarded when their TTL expired",
+            registry=r,
+        )  # fmt: skip
+        self.adapter_resident_bytes = Gauge(
+            "tenure_adapter_resident_bytes", "Bytes resident per tier, by adapter",
+            ["adapter", "tier"], registry=r,
+        )  # fmt: skip
+        self.adapter_sessions_tracked = Gauge(
+            "tenure_adapter_sessions_tracked", "Sessions an adapter tracks", ["adapter"],
+            registry=r,
+        )  # fmt: skip
+
+    def record_residency(self, report: ResidencyReport) -> None:
+        """Add one adapter report's deltas (negative deltas are ignored: counters only rise)."""
+        _add(self.adapter_stores, report.stores)
+        _add(self.adapter_stored_blocks, report.stored_blocks)
+        _add(self.adapter_refusals, report.refusals)
+        _add(self.adapter_refused_blocks, report.refused_blocks)
+        _add(self.adapter_host_hit_blocks, report.host_hit_blocks)
+        _add(self.adapter_loads, report.loads)
+        _add(self.adapter_bytes_stored, report.bytes_stored)
+        _add(self.adapter_bytes_loaded, report.bytes_loaded)
+        _add(self.adapter_ttl_expiries, report.ttl_expiries)
+        for cls, blocks in report.evicted_blocks.items():
+            if blocks > 0:
+                self.adapter_evicted_blocks.labels(cls).inc(blocks)
+        for tier, resident in report.resident_bytes.items():
+            self.adapter_resident_bytes.labels(report.adapter_id, tier).set(resident)
+        self.adapter_sessions_tracked.labels(report.adapter_id).set(report.sessions_tracked)
+
+    def set_sessions(self, by_state: Mapping[str, int]) -> None:
+        for state in ("active", "idle", "suspended", "finished"):
+            self.sessions.labels(state).set(by_state.get(state, 0))
+
+
+def _add(counter: Counter, delta: int) -> None:
+    if delta > 0:
+        counter.inc(delta)

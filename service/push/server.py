@@ -1,0 +1,265 @@
+"""The sidecar side of the push channel: a ZeroMQ ROUTER that adapters' DEALERs connect to.
+
+The protocol is documented in :mod:`service.push.messages`. This side:
+
+* tails the decision stream in Redis and forwards every decision, in sequence order, to every
+  adapter heard from recently. The stream is written by every replica, so an adapter connected
+  to any replica sees all decisions with one contiguous sequence: replicas behave as one;
+* answers each ``Hello`` and ``ResyncRequest`` with a full :class:`Snapshot` (the decision table
+  in Redis plus the tier configuration), and sends every adapter a snapshot periodically;
+* feeds inbound :class:`ResidencyReport` deltas to the metrics, dropping duplicates by
+  ``(adapter_id, report_seq)``.
+
+Redis or adapter failures never propagate: the loops log, count, back off and carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from service.metrics import Metrics
+from service.push.messages import (
+    Decision,
+    Hello,
+    Message,
+    ResidencyReport,
+    ResyncRequest,
+    Snapshot,
+    TierConfig,
+    decode,
+    encode,
+)
+from service.state.breaker import StateUnavailable
+from service.state.store import StateStore
+
+__all__ = ["PushServer"]
+
+log = logging.getLogger(__name__)
+
+#: An adapter silent for this many snapshot intervals is forgotten (it re-announces itself).
+_FORGET_AFTER_INTERVALS = 3
+_TAIL_BLOCK_MS = 1000
+
+
+@dataclass(slots=True)
+class _Peer:
+    identity: bytes
+    adapter_id: str
+    last_heard: float
+    last_report_seq: int = -1
+    last_applied_seq: int = -1
+
+
+class PushServer:
+    def __init__(
+        self,
+        addr: str,
+        store: StateStore,
+        metrics: Metrics,
+        *,
+        tier_config: Callable[[], TierConfig],
+        snapshot_interval_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.addr = addr
+        self.store = store
+        self.metrics = metrics
+        self.tier_config = tier_config
+        self.snapshot_interval_s = snapshot_interval_s
+        self.clock = clock
+        self.bound_addr = ""
+        self.last_sent_seq = 0
+        self._ctx = zmq.asyncio.Context()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._peers: dict[bytes, _Peer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._send_lock = asyncio.Lock()
+
+    @property
+    def adapters(self) -> list[str]:
+        return sorted(peer.adapter_id for peer in self._peers.values())
+
+    async def start(self) -> None:
+        socket = self._ctx.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        # Drop messages for a vanished peer instead of blocking: the engine never waits on us,
+        # and we never wait on it either.
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        socket.setsockopt(zmq.SNDHWM, 10_000)
+        if self.addr.startswith("tcp://") and self.addr.endswith(":0"):
+            port = socket.bind_to_random_port(self.addr.rsplit(":", 1)[0])
+            self.bound_addr = f"{self.addr.rsplit(':', 1)[0]}:{port}"
+        else:
+            socket.bind(self.addr)
+            self.bound_addr = self.addr
+        self._socket = socket
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._receive_loop(), name="push-receive"),
+            loop.create_task(self._tail_loop(), name="push-tail"),
+            loop.create_task(self._snapshot_loop(), name="push-snapshots"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        self._ctx.term()
+
+    # --- outbound ----------------------------------------------------------------------------
+
+    async def _send(self, identity: bytes, message: Message, kind: str) -> None:
+        if self._socket is None:
+            return
+        async with self._send_lock:
+            try:
+                await self._socket.send_multipart([identity, encode(message)], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return  # the peer's queue is full: it will see the gap and resync
+            except zmq.ZMQError as exc:
+                log.debug("push send failed: %s", exc)
+                return
+        self.metrics.push_messages.labels("out", kind).inc()
+
+    async def snapshot(self) -> Snapshot:
+        seq, table = await self.store.decision_table()
+        return Snapshot(seq=seq, decisions=table, config=self.tier_config(), issued_at=self.clock())
+
+    async def send_snapshot(self, identity: bytes) -> None:
+        try:
+            snap = await self.snapshot()
+        except StateUnavailable:
+            return  # the adapter keeps serving with what it has and asks again later
+        await self._send(identity, snap, "snapshot")
+        self.last_sent_seq = max(self.last_sent_seq, snap.seq)
+
+    async def broadcast_snapshot(self) -> None:
+        """Send every known adapter a fresh snapshot (after a config change, periodically)."""
+        self._forget_silent()
+        if not self._peers:
+            return
+        try:
+            snap = await self.snapshot()
+        except StateUnavailable:
+            return
+        for identity in list(self._peers):
+            await self._send(identity, snap, "snapshot")
+
+    async def _broadcast_decision(self, decision: Decision) -> None:
+        self.metrics.push_lag.observe(max(0.0, self.clock() - decision.issued_at))
+        self.last_sent_seq = max(self.last_sent_seq, decision.seq)
+        for identity in list(self._peers):
+            await self._send(identity, decision, "decision")
+
+    # --- loops -------------------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        assert self._socket is not None
+        while True:
+            try:
+                frames = await self._socket.recv_multipart()
+            except zmq.ZMQError as exc:
+                log.warning("push receive failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if len(frames) != 2:
+                self.metrics.push_bad_frames.inc()
+                continue
+            identity, frame = frames
+            try:
+                message = decode(frame)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.metrics.push_bad_frames.inc()
+                continue
+            try:
+                await self._handle(identity, message)
+            except Exception:  # one bad peer must not stop the channel
+                log.exception("push message handling failed")
+
+    async def _handle(self, identity: bytes, message: Message) -> None:
+        now = self.clock()
+        if isinstance(message, Hello):
+            self.metrics.push_messages.labels("in", "hello").inc()
+            peer = self._peers.get(identity)
+            if peer is None:
+                peer = self._peers[identity] = _Peer(identity, message.adapter_id, now)
+            peer.last_heard = now
+            peer.last_applied_seq = message.last_seq
+            self.metrics.push_adapters.set(len(self._peers))
+            await self.send_snapshot(identity)
+        elif isinstance(message, ResyncRequest):
+            self.metrics.push_messages.labels("in", "resync").inc()
+            self.metrics.push_resyncs.inc()
+            self._touch(identity, message.adapter_id, now)
+            await self.send_snapshot(identity)
+        elif isinstance(message, ResidencyReport):
+            self.metrics.push_messages.labels("in", "residency").inc()
+            peer = self._touch(identity, message.adapter_id, now)
+            if message.report_seq <= peer.last_report_seq:
+                return  # a duplicate (or a replay): its deltas were counted already
+            peer.last_report_seq = message.report_seq
+            peer.last_applied_seq = message.last_applied_seq
+            self.metrics.record_residency(message)
+            behind = max(0, self.last_sent_seq - message.last_applied_seq)
+            self.metrics.push_seq_behind.labels(message.adapter_id).set(behind)
+        else:
+            self.metrics.push_bad_frames.inc()  # adapters never send decisions or snapshots
+
+    def _touch(self, identity: bytes, adapter_id: str, now: float) -> _Peer:
+        peer = self._peers.get(identity)
+        if peer is None:
+            # A report from an adapter we forgot (or from before our restart): adopt it.
+            peer = self._peers[identity] = _Peer(identity, adapter_id, now)
+            self.metrics.push_adapters.set(len(self._peers))
+        peer.last_heard = now
+        return peer
+
+    def _forget_silent(self) -> None:
+        horizon = self.clock() - _FORGET_AFTER_INTERVALS * self.snapshot_interval_s
+        for identity, peer in list(self._peers.items()):
+            if peer.last_heard < horizon:
+                del self._peers[identity]
+        self.metrics.push_adapters.set(len(self._peers))
+
+    async def _tail_loop(self) -> None:
+        last_id: str | None = None
+        backoff = 0.05
+        while True:
+            try:
+                if last_id is None:
+                    last_id = await self.store.last_decision_id()
+                entries = await self.store.read_decisions(last_id, block_ms=_TAIL_BLOCK_MS)
+                backoff = 0.05
+            except StateUnavailable as exc:
+                await asyncio.sleep(max(backoff, exc.retry_after_s))
+                backoff = min(backoff * 2, 5.0)
+                # Redis may come back empty (no persistence): restart from its current tail
+                # and let the periodic snapshot bring adapters back in line.
+                last_id = None
+                continue
+            for entry_id, decision in entries:
+                last_id = entry_id
+                await self._broadcast_decision(decision)
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.snapshot_interval_s)
+            try:
+                await self.broadcast_snapshot()
+            except Exception:
+                log.exception("periodic snapshot failed")

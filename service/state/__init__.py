@@ -1,0 +1,1 @@
+"""Session lifecycle state in Redis: key builders, atomic scripts, the repository."""

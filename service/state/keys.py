@@ -1,0 +1,76 @@
+"""Every Redis key the sidecar uses, built in one place under one prefix.
+
+Layout (``P`` = the configured prefix, ``T`` = tenant, ``S`` = session id within the tenant):
+
+* ``P:s:T:S``         hash: one session's lifecycle record
+* ``P:live:T``        sorted set: the tenant's live sessions scored by expected wake-up
+* ``P:px:T:H``        string: session that sent a request whose message list hashes to ``H``
+                      (session inference for clients that send no session header)
+* ``P:gapobs:T``      list: observed gaps ``class|tools|seconds``, newest first, bounded
+* ``P:decisions``     stream: every decision with its reason, bounded
+* ``P:dseq``          counter: sequence number of the newest decision
+* ``P:dtable``        hash: tenant-scoped session id -> newest decision (the push snapshot)
+* ``P:dgc``           sorted set: decision-table entries scored by when they may be dropped
+* ``P:waits``         list: observed suspension waits (seconds), newest first, bounded
+* ``P:suspends``      list: Unix times of recent suspensions (the lambda estimate), bounded
+* ``P:config``        string: runtime configuration (JSON) set through ``/admin/config``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Keys", "scoped_session_id"]
+
+
+def scoped_session_id(tenant: str, session: str) -> str:
+    """The id that leaves the sidecar (push channel, ``kv_transfer_params``): tenant-scoped.
+
+    Session ids cannot contain ``/``, so the scoped form is unambiguous.
+    """
+    return f"{tenant}/{session}"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str
+
+    def session(self, tenant: str, session: str) -> str:
+        return f"{self.prefix}:s:{tenant}:{session}"
+
+    def live(self, tenant: str) -> str:
+        return f"{self.prefix}:live:{tenant}"
+
+    def prefix_hash(self, tenant: str, digest: str) -> str:
+        return f"{self.prefix}:px:{tenant}:{digest}"
+
+    def gap_observations(self, tenant: str) -> str:
+        return f"{self.prefix}:gapobs:{tenant}"
+
+    @property
+    def decisions(self) -> str:
+        return f"{self.prefix}:decisions"
+
+    @property
+    def decision_seq(self) -> str:
+        return f"{self.prefix}:dseq"
+
+    @property
+    def decision_table(self) -> str:
+        return f"{self.prefix}:dtable"
+
+    @property
+    def decision_gc(self) -> str:
+        return f"{self.prefix}:dgc"
+
+    @property
+    def waits(self) -> str:
+        return f"{self.prefix}:waits"
+
+    @property
+    def suspensions(self) -> str:
+        return f"{self.prefix}:suspends"
+
+    @property
+    def config(self) -> str:
+        return f"{self.prefix}:config"

@@ -1,0 +1,456 @@
+"""The Redis repository: session lifecycle records, decisions, samples and runtime config.
+
+All writes go through the atomic scripts in :mod:`service.state.scripts`; keys come from
+:mod:`service.state.keys`. Every call is guarded by a :class:`~service.state.breaker.Breaker`,
+so when Redis is down callers get :class:`StateUnavailable` at once (and fail open or answer
+503) instead of waiting on timeouts, and the first call after the retry delay probes recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from service.push.messages import Decision
+from service.state import scripts
+from service.state.breaker import Breaker, StateUnavailable
+from service.state.keys import Keys, scoped_session_id
+
+__all__ = [
+    "GapObservation",
+    "SessionExists",
+    "SessionNotFound",
+    "SessionUpdate",
+    "StateStore",
+    "StateUnavailable",
+    "StoreLimits",
+    "TurnStart",
+    "decision_body",
+    "decode_decision",
+    "parse_observation",
+]
+
+T = TypeVar("T")
+_json_encode = msgspec.json.Encoder().encode
+_decision_decoder = msgspec.json.Decoder(Decision)
+
+
+class SessionNotFound(LookupError):
+    pass
+
+
+class SessionExists(LookupError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    session_ttl_s: int = 7 * 24 * 3600
+    finished_ttl_s: int = 3600
+    decision_stream_maxlen: int = 10_000
+    list_maxlen: int = 2048
+    wait_samples_maxlen: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    session: str
+    turn: int
+    previous_state: str
+    #: The idle gap this request ended, when the session was idle.
+    observation: GapObservation | None
+    seq: int
+    inferred: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GapObservation:
+    stop_reason: str
+    tool: str
+    gap_s: float
+    #: What was predicted (or declared) for this gap, when known.
+    expected_s: float | None
+
+
+@dataclass(slots=True)
+class SessionUpdate:
+    """A change to one session record, with the decision it publishes.
+
+    ``live_score=None`` removes the session from the live index (finished), unless
+    ``keep_live`` leaves its position as it is; ``push`` names a
+    bounded list (``"waits"`` / ``"suspensions"``) and the value to push to it.
+    """
+
+    fields: dict[str, str] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    live_score: float | None = None
+    keep_live: bool = False
+    ttl_s: int | None = None
+    decision: Decision | None = None
+    push: tuple[str, str] | None = None
+
+
+def decision_body(decision: Decision) -> bytes:
+    """JSON of a decision for the scripts, which fill in ``seq`` (and the hot path's ``turn``)."""
+    return _json_encode(decision)
+
+
+def decode_decision(body: bytes | str) -> Decision:
+    return _decision_decoder.decode(body)
+
+
+def parse_observation(entry: bytes | str) -> GapObservation | None:
+    """``stop_reason|tool|gap_s|expected_s`` -> observation; ``None`` if malformed."""
+    reason, tool, gap, expected = [*_text(entry).split("|"), "", "", "", ""][:4]
+    try:
+        return GapObservation(reason, tool, float(gap), float(expected) if expected else None)
+    except ValueError:
+        return None  # a malformed entry (a foreign writer) is skipped, never fatal
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class StateStore:
+    """Async access to everything the sidecar keeps in Redis."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        breaker: Breaker,
+        limits: StoreLimits | None = None,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.breaker = breaker
+        self.limits = limits or StoreLimits()
+        self._turn_start: AsyncScript = client.register_script(scripts.TURN_START)
+        self._apply: AsyncScript = client.register_script(scripts.APPLY)
+
+    async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
+        return await self.breaker.call(op, make)
+
+    # --- hot path ---------------------------------------------------------------------------
+
+    async def turn_start(
+        self,
+        tenant: str,
+        *,
+        session: str | None,
+        prefix_digests: Sequence[str],
+        new_session_id: str,
+        segment: str | None,
+        parent: str | None,
+        last_turn: bool,
+        decision: Decision,
+        now: float,
+    ) -> TurnStart:
+        """One round trip: resolve (or infer) the session, count the turn, publish "active"."""
+        k = self.keys
+        keys = [
+            k.live(tenant),
+            k.decision_seq,
+            k.decisions,
+            k.decision_table,
+            k.decision_gc,
+            k.gap_observations(tenant),
+            k.waits,
+        ]
+        if session is None:
+            keys.extend(k.prefix_hash(tenant, digest) for digest in prefix_digests)
+        args: list[str | int | bytes] = [
+            repr(now),
+            session or "",
+            k.session(tenant, ""),
+            new_session_id,
+            scoped_session_id(tenant, ""),
+            segment or "",
+            parent or "",
+            "1" if last_turn else "0",
+            self.limits.session_ttl_s,
+            self.limits.decision_stream_maxlen,
+            self.limits.list_maxlen,
+            decision_body(decision),
+        ]
+        raw = await self._call("turn_start", lambda: self._turn_start(keys=keys, args=args))
+        sid, turn, prev_state, observed, seq, inferred = raw
+        return TurnStart(
+            session=_text(sid),
+            turn=int(turn),
+            previous_state=_text(prev_state),
+            observation=parse_observation(observed) if observed else None,
+            seq=int(seq),
+            inferred=bool(int(inferred)),
+        )
+
+    # --- guarded updates ----------------------------------------------------------------------
+
+    async def apply(
+        self,
+        tenant: str,
+        session: str,
+        update: SessionUpdate,
+        *,
+        now: float,
+        guard: tuple[str, str] | None = None,
+        create: bool = False,
+    ) -> tuple[int, int]:
+        """Apply ``update`` atomically; returns ``(status, seq)`` as the APPLY script does."""
+        k = self.keys
+        skey = k.session(tenant, session)
+        push_key, push_value = skey, ""
+        if update.push is not None:
+            which, push_value = update.push
+            push_key = {"waits": k.waits, "suspensions": k.suspensions}[which]
+        guard_field, guard_value = guard if guard is not None else ("", "*")
+        if create:
+            guard_field, guard_value = "version", ""
+        keys = [
+            skey,
+            k.live(tenant),
+            k.decision_seq,
+            k.decisions,
+            k.decision_table,
+            k.decision_gc,
+            push_key,
+        ]
+        ttl = update.ttl_s if update.ttl_s is not None else self.limits.session_ttl_s
+        args: list[str | int | bytes] = [
+            repr(now),
+            guard_field,
+            guard_value,
+            _json_encode(update.fields),
+            _json_encode(update.deleted),
+            "=" if update.keep_live else _score(update.live_score),
+            ttl,
+            scoped_session_id(tenant, session),
+            decision_body(update.decision) if update.decision is not None else "",
+            self.limits.decision_stream_maxlen,
+            session,
+            push_value,
+            self.limits.wait_samples_maxlen,
+            "0" if create else "1",
+        ]
+        raw = await self._call("apply", lambda: self._apply(keys=keys, args=args))
+        return int(raw[0]), int(raw[1])
+
+    async def update_session(
+        self,
+        tenant: str,
+        session: str,
+        mutate: Callable[[dict[str, str]], SessionUpdate],
+        *,
+        now: float,
+        attempts: int = 8,
+    ) -> tuple[dict[str, str], int]:
+        """Read-modify-write one existing session, retrying if another writer got in first.
+
+        Returns the record as read (before the update) and the decision's sequence number.
+        """
+        for _ in range(attempts):
+            record = await self.get_session(tenant, session)
+            if record is None:
+                raise SessionNotFound(session)
+            update = mutate(record)
+            status, seq = await self.apply(
+                tenant, session, update, now=now, guard=("version", record.get("version", ""))
+            )
+            if status == 1:
+                return record, seq
+            if status == -1:
+                raise SessionNotFound(session)
+        raise StateUnavailable("session is being updated concurrently; retry", retry_after_s=1)
+
+    async def create_session(
+        self, tenant: str, session: str, update: SessionUpdate, *, now: float
+    ) -> int:
+        status, seq = await self.apply(tenant, session, update, now=now, create=True)
+        if status == -2:
+            raise SessionExists(session)
+        return seq
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    async def get_session(self, tenant: str, session: str) -> dict[str, str] | None:
+        key = self.keys.session(tenant, session)
+        raw = await self._call("get_session", lambda: self.client.hgetall(key))
+        if not raw:
+            return None
+        return {_text(f): _text(v) for f, v in raw.items()}
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int, offset: int = 0
+    ) -> list[dict[str, str]]:
+        """Live sessions ordered by expected wake-up (soonest first)."""
+        live = self.keys.live(tenant)
+        ids: list[Any] = await self._call(
+            "list_sessions",
+            lambda: self.client.zrange(live, offset, offset + limit - 1),
+        )
+        if not ids:
+            return []
+        names = [_text(i) for i in ids]
+
+        async def fetch() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hgetall(self.keys.session(tenant, name))
+                return list(await pipe.execute())
+
+        records = await self._call("list_sessions", fetch)
+        out: list[dict[str, str]] = []
+        expired: list[str] = []
+        for name, raw in zip(names, records, strict=True):
+            if raw:
+                out.append({_text(f): _text(v) for f, v in raw.items()})
+            else:
+                expired.append(name)
+        if expired:
+            # Sessions that expired leave their index entry behind; tidy as we read.
+            await self._call("list_sessions", lambda: self.client.zrem(live, *expired))
+        return out
+
+    async def count_live(self, tenant: str) -> int:
+        live = self.keys.live(tenant)
+        return int(await self._call("count_live", lambda: self.client.zcard(live)))
+
+    async def recent_decisions(self, count: int) -> list[Decision]:
+        stream = self.keys.decisions
+        raw: Any = await self._call("decisions", lambda: self.client.xrevrange(stream, count=count))
+        return [decode_decision(fields[b"d"]) for _id, fields in raw]
+
+    async def decision_table(self) -> tuple[int, list[Decision]]:
+        """The newest decision per session (the push snapshot) and the newest sequence number."""
+        table, seq_key = self.keys.decision_table, self.keys.decision_seq
+
+        async def fetch() -> list[Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(table)
+                pipe.get(seq_key)
+                return list(await pipe.execute())
+
+        rows, seq = await self._call("decision_table", fetch)
+        decisions = sorted((decode_decision(body) for body in rows.values()), key=_seq_of)
+        return int(seq or 0), decisions
+
+    async def read_decisions(
+        self, after_id: str, *, block_ms: int, count: int = 512
+    ) -> list[tuple[str, Decision]]:
+        """Decisions appended after stream id ``after_id`` (waits up to ``block_ms``)."""
+        stream = self.keys.decisions
+        raw: Any = await self._call(
+            "tail_decisions",
+            lambda: self.client.xread({stream: after_id}, count=count, block=block_ms),
+        )
+        out: list[tuple[str, Decision]] = []
+        for _stream, entries in raw or []:
+            for entry_id, fields in entries:
+                out.append((_text(entry_id), decode_decision(fields[b"d"])))
+        return out
+
+    async def last_decision_id(self) -> str:
+        stream = self.keys.decisions
+        raw: Any = await self._call(
+            "tail_decisions", lambda: self.client.xrevrange(stream, count=1)
+        )
+        return _text(raw[0][0]) if raw else "0-0"
+
+    async def gap_observations(self, tenant: str, count: int) -> list[GapObservation]:
+        """Observed gaps, oldest first (the order the predictor must learn them in)."""
+        key = self.keys.gap_observations(tenant)
+        raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
+        out: list[GapObservation] = []
+        for item in reversed(raw):
+            observation = parse_observation(item)
+            if observation is not None:
+                out.append(observation)
+        return out
+
+    async def gap_log_head(self, tenant: str) -> tuple[int, str]:
+        """``(length, newest entry)`` of the gap log: cheap change detection for refreshes."""
+        key = self.keys.gap_observations(tenant)
+
+        async def fetch() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.llen(key)
+                pipe.lindex(key, 0)
+                return list(await pipe.execute())
+
+        length, head = await self._call("gap_observations", fetch)
+        return int(length), _text(head) if head is not None else ""
+
+    async def float_samples(self, which: str, count: int) -> list[float]:
+        """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
+        key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
+        raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
+        out = []
+        for item in raw:
+            try:
+                out.append(float(_text(item)))
+            except ValueError:
+                continue
+        return out
+
+    async def add_wait_samples(self, waits: Sequence[float]) -> int:
+        key, limit = self.keys.waits, self.limits.wait_samples_maxlen
+
+        async def push() -> list[Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.lpush(key, *(repr(float(w)) for w in waits))
+                pipe.ltrim(key, 0, limit - 1)
+                pipe.llen(key)
+                return list(await pipe.execute())
+
+        result = await self._call("waits", push)
+        return int(result[-1])
+
+    # --- runtime configuration --------------------------------------------------------------
+
+    async def get_config(self) -> dict[str, Any] | None:
+        key = self.keys.config
+        raw = await self._call("config", lambda: self.client.get(key))
+        if raw is None:
+            return None
+        value = msgspec.json.decode(raw)
+        return value if isinstance(value, dict) else None
+
+    async def update_config(
+        self, mutate: Callable[[dict[str, Any] | None], Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """Optimistic read-modify-write of the config document (WATCH / MULTI)."""
+        key = self.keys.config
+
+        async def transact() -> dict[str, Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(key)
+                        raw = await pipe.get(key)
+                        current = msgspec.json.decode(raw) if raw is not None else None
+                        updated = dict(mutate(current if isinstance(current, dict) else None))
+                        pipe.multi()  # type: ignore[no-untyped-call]
+                        pipe.set(key, _json_encode(updated))
+                        await pipe.execute()
+                        return updated
+                    except aioredis.WatchError:
+                        continue
+
+        return await self._call("config", transact)
+
+    async def ping(self) -> bool:
+        return bool(await self._call("ping", self.client.ping))
+
+
+def _score(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _seq_of(decision: Decision) -> int:
+    return decision.seq

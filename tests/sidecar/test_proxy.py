@@ -1,0 +1,164 @@
+"""The proxy against a real upstream HTTP server and a real Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+import redis
+
+CHAT = "/v1/chat/completions"
+
+
+def _chat(model: str = "echo", **extra):
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def _wait_for(predicate, timeout_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def test_plain_request_is_passed_through_and_nothing_stored(upstream, sidecar, redis_url):
+    """No hints and no messages to infer from: forward unchanged, store nothing."""
+    fake, _ = upstream
+    with httpx.Client(base_url=sidecar.url) as http:
+        reply = http.post("/v1/completions", json={"model": "echo", "prompt": "x"})
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["finish_reason"] == "stop"
+    assert fake.received[-1].body == {"model": "echo", "prompt": "x"}
+    assert redis.Redis.from_url(redis_url).keys("tenure:s:*") == []
+
+
+def test_header_hints_reach_upstream_in_kv_transfer_params(upstream, client):
+    """Hints by header: kv_transfer_params.tenure carries the scoped session and turn."""
+    fake, _ = upstream
+    headers = {"X-Tenure-Session": "s1", "X-Tenure-Segment": "main", "X-Tenure-Last-Turn": "no"}
+    for expected_turn in (1, 2):
+        reply = client.post(CHAT, json=_chat(), headers=headers)
+        assert reply.status_code == 200
+        sent = fake.received[-1]
+        tenure = sent.body["kv_transfer_params"]["tenure"]
+        assert tenure["session_id"] == "default/s1"
+        assert tenure["turn"] == expected_turn
+        assert tenure["segment"] == "main"
+        assert not any(h.startswith("x-tenure") for h in sent.headers)
+
+
+def test_body_hints_removed_and_client_kv_params_merged(upstream, client):
+    """A `tenure` body object is stripped; the client's own kv_transfer_params survive."""
+    fake, _ = upstream
+    body = _chat(
+        tenure={"session": "s2", "expected_gap_ms": 2500, "parent": "lead"},
+        kv_transfer_params={"do_remote_prefill": False},
+    )
+    reply = client.post(CHAT, json=body)
+    assert reply.status_code == 200
+    sent = fake.received[-1].body
+    assert "tenure" not in sent
+    assert sent["kv_transfer_params"]["do_remote_prefill"] is False
+    tenure = sent["kv_transfer_params"]["tenure"]
+    assert tenure["session_id"] == "default/s2"
+    assert tenure["parent"] == "default/lead"
+    assert tenure["expected_gap_s"] == pytest.approx(2.5)
+
+
+def test_streaming_is_relayed_chunk_by_chunk_and_turn_end_recorded(upstream, client):
+    """SSE bytes arrive unchanged; the stream's finish_reason decides the session's next state."""
+    fake, _ = upstream
+    with client.stream(
+        "POST", CHAT, json=_chat("tool", stream=True), headers={"X-Tenure-Session": "st"}
+    ) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        body = b"".join(reply.iter_raw())
+    events = [line for line in body.split(b"\n\n") if line]
+    assert events[-1] == b"data: [DONE]"
+    assert len(events) == 5
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "tool_calls"
+
+    def idle():
+        record = client.get("/v1/sessions/st").json()
+        return record if record["state"] == "idle" else None
+
+    record = _wait_for(idle)
+    assert record["stop_reason"] == "tool_calls"
+    assert record["tool"] == "run_tests"
+    # Predicted from the tool prior (seconds, not the human-turn minutes).
+    assert 0 < record["expected_gap_s"] < 60
+    assert record["wakeup_at"] > record["last_activity"] - 1
+
+
+def test_last_turn_finishes_the_session(upstream, client):
+    headers = {"X-Tenure-Session": "fin", "X-Tenure-Last-Turn": "true"}
+    assert client.post(CHAT, json=_chat(), headers=headers).status_code == 200
+    record = _wait_for(
+        lambda: (r := client.get("/v1/sessions/fin").json())["state"] == "finished" and r
+    )
+    assert record["last_turn"] is True
+    assert record["eviction_class"] == "finished"
+    decisions = client.get(
+        "/admin/decisions", headers={"Authorization": "Bearer test-admin-token"}
+    ).json()["decisions"]
+    reasons = [d["reason"] for d in decisions if d["session_id"] == "default/fin"]
+    assert reasons[0] == "last_turn"
+
+
+def test_upstream_error_status_and_body_kept(upstream, client):
+    reply = client.post(CHAT, json=_chat("error"), headers={"X-Tenure-Session": "e1"})
+    assert reply.status_code == 400
+    assert reply.json() == {"error": {"message": "bad model", "type": "BadRequestError"}}
+
+
+def test_unreachable_upstream_gives_502(sidecar_factory, redis_url):
+    from fake_upstream import free_port
+
+    server = sidecar_factory(upstream_url=f"http://127.0.0.1:{free_port()}")
+    with httpx.Client(base_url=server.url) as http:
+        reply = http.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "u"})
+    assert reply.status_code == 502
+    assert reply.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_timed_out_upstream_gives_504(sidecar_factory):
+    server = sidecar_factory(upstream_read_timeout_s=0.3)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        reply = http.post(CHAT, json=_chat("slow"))
+    assert reply.status_code == 504
+    assert reply.json()["error"]["type"] == "upstream_timeout"
+
+
+def test_client_disconnect_cancels_upstream(upstream, sidecar):
+    """A client that goes away mid-stream makes the proxy drop the upstream request."""
+    fake, _ = upstream
+    with (
+        httpx.Client(base_url=sidecar.url, timeout=10) as http,
+        http.stream(
+            "POST", CHAT, json=_chat("hang", stream=True), headers={"X-Tenure-Session": "h"}
+        ) as reply,
+    ):
+        first = next(reply.iter_raw())
+        assert first.startswith(b"data: ")
+    # Leaving the block closed the client connection mid-stream.
+    assert fake.cancelled.wait(5.0), "upstream never saw the disconnect"
+
+
+def test_models_and_other_routes_pass_through(upstream, client):
+    reply = client.get("/v1/models")
+    assert reply.status_code == 200
+    assert reply.json()["data"][0]["id"] == "echo"
+
+
+def test_metrics_exposed_with_tenure_prefix(client):
+    client.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "m"})
+    text = client.get("/metrics").text
+    assert 'tenure_requests_total{route="chat",status="200"}' in text
+    assert "tenure_sidecar_latency_seconds_bucket" in text
+    assert 'tenure_decisions_total{kind="active",reason="request"}' in text
