@@ -1,0 +1,180 @@
+"""Hardware profiles for the engine model: public facts, plus explicit efficiency assumptions.
+
+Every number carries its source. The efficiency factors are assumptions (stated as such), set
+once from public measurements of the kernels involved and never tuned to replay results.
+
+Step time is a roofline: ``max(compute, memory)``, where compute counts the dense matmuls
+(``2 * params`` FLOPs per token) plus attention (``4 * layers * heads * head_dim`` FLOPs per
+query token per context token), and memory counts the weights read once per step plus the KV
+read by the batch's attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PROFILES", "HardwareProfile", "get_profile"]
+
+GB = 1e9
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    name: str
+    description: str
+    # --- accelerators -----------------------------------------------------------------------
+    gpus: int
+    hbm_bytes_per_gpu: float
+    hbm_bandwidth_per_gpu: float  # bytes/s
+    bf16_dense_flops_per_gpu: float  # FLOP/s
+    pcie_bandwidth_per_gpu: float  # bytes/s, one direction (host -> device)
+    # --- model ------------------------------------------------------------------------------
+    params: float
+    weight_bytes: float
+    layers: int
+    attention_width: int  # query heads * head_dim
+    kv_bytes_per_token: int
+    # --- serving engine (vLLM defaults) -----------------------------------------------------
+    gpu_memory_utilization: float
+    runtime_reserve_bytes: float  # activations, CUDA graphs, non-torch allocations
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    # --- efficiency assumptions -------------------------------------------------------------
+    mfu: float  # achieved fraction of dense BF16 peak in prefill-heavy steps
+    hbm_efficiency: float  # achieved fraction of HBM bandwidth in memory-bound steps
+    pcie_efficiency: float  # achieved fraction of PCIe bandwidth for pinned host copies
+    tp_efficiency: float  # fraction of linear scaling kept under tensor parallelism
+
+    def kv_pool_bytes(self) -> float:
+        """GPU memory left for the KV cache, as vLLM sizes it."""
+        total = self.gpus * self.hbm_bytes_per_gpu * self.gpu_memory_utilization
+        return total - self.weight_bytes - self.runtime_reserve_bytes
+
+    def kv_pool_blocks(self, block_tokens: int) -> int:
+        return int(self.kv_pool_bytes() // (block_tokens * self.kv_bytes_per_token))
+
+    def load_bandwidth(self) -> float:
+        """Host -> GPU bytes/s for a KV load (each TP rank loads its own shard in parallel)."""
+        return self.gpus * self.pcie_bandwidth_per_gpu * self.pcie_efficiency
+
+    def step_seconds(self, tokens: int, attn_token_ctx: float, kv_tokens_read: float) -> float:
+        """One engine step over ``tokens`` batched tokens.
+
+        ``attn_token_ctx``: sum over query tokens of the context each attends to;
+        ``kv_tokens_read``: context tokens whose KV the step reads from HBM.
+        """
+        scale = self.gpus * self.tp_efficiency
+        flops = (
+            2.0 * self.params * tokens + 4.0 * self.layers * self.attention_width * attn_token_ctx
+        )
+        compute = flops / (self.bf16_dense_flops_per_gpu * self.mfu * scale)
+        moved = self.weight_bytes + self.kv_bytes_per_token * kv_tokens_read
+        memory = moved / (self.hbm_bandwidth_per_gpu * self.hbm_efficiency * scale)
+        return compute if compute > memory else memory
+
+
+# Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json): 32 layers, hidden 4096, 32 heads,
+# 8 KV heads, head_dim 128; 8.03e9 parameters (model card). KV per token in fp16:
+# 2 (K, V) * 32 layers * 8 KV heads * 128 * 2 bytes = 131,072 B = 128 KiB.
+_LLAMA8B = {
+    "params": 8.03e9,
+    "weight_bytes": 8.03e9 * 2,
+    "layers": 32,
+    "attention_width": 32 * 128,
+    "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2,
+}
+# Llama-3.1-70B (meta-llama/Llama-3.1-70B config.json): 80 layers, hidden 8192, 64 heads,
+# 8 KV heads, head_dim 128; 70.6e9 parameters (model card). KV per token in fp16:
+# 2 * 80 * 8 * 128 * 2 bytes = 327,680 B = 320 KiB.
+_LLAMA70B = {
+    "params": 70.6e9,
+    "weight_bytes": 70.6e9 * 2,
+    "layers": 80,
+    "attention_width": 64 * 128,
+    "kv_bytes_per_token": 2 * 80 * 8 * 128 * 2,
+}
+_EFFICIENCY = {
+    # Assumption: a whole prefill step (GEMMs + attention + everything else) reaches about
+    # half of dense BF16 peak; FlashAttention-3 (Shah et al., 2024) reports 75% of H100 peak
+    # for the attention kernel alone, FlashAttention-2 (Dao, 2023) 50-73% on A100.
+    "mfu": 0.5,
+    # Assumption: memory-bound decode kernels stream at ~80% of peak HBM bandwidth (the range
+    # NVIDIA's and vendors' STREAM-style measurements report for HBM3/HBM2e).
+    "hbm_efficiency": 0.8,
+    # Assumption: pinned-memory cudaMemcpy reaches ~80% of the PCIe link (e.g. ~25 GB/s of
+    # 32 GB/s on Gen4 x16, ~50 GB/s of 64 GB/s on Gen5 x16 in bandwidthTest reports).
+    "pcie_efficiency": 0.8,
+}
+# vLLM 0.32 engine defaults (vllm/config/cache.py: gpu_memory_utilization=0.92;
+# vllm/engine/arg_utils.py: OpenAI server max_num_batched_tokens / max_num_seqs = 8192 / 1024
+# on >= 70 GB non-A100 GPUs, 2048 / 256 on A100). The runtime reserve (activations at the
+# batch-token budget, CUDA graphs, NCCL buffers) is an assumption of a few GiB.
+
+PROFILES: dict[str, HardwareProfile] = {
+    "h100-llama3-8b": HardwareProfile(
+        name="h100-llama3-8b",
+        description="1x H100 SXM 80 GB, Llama-3.1-8B fp16",
+        gpus=1,
+        # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 3.35 TB/s,
+        # BF16 1,979 TFLOPS with sparsity = 989 TFLOPS dense; PCIe Gen5 x16 = 64 GB/s/direction.
+        hbm_bytes_per_gpu=80 * GB,
+        hbm_bandwidth_per_gpu=3.35e12,
+        bf16_dense_flops_per_gpu=989e12,
+        pcie_bandwidth_per_gpu=64 * GB,
+        **_LLAMA8B,
+        gpu_memory_utilization=0.92,
+        runtime_reserve_bytes=4 * GIB,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        tp_efficiency=1.0,
+        **_EFFICIENCY,
+    ),
+    "a100-llama3-8b": HardwareProfile(
+        name="a100-llama3-8b",
+        description="1x A100 SXM 80 GB, Llama-3.1-8B fp16",
+        gpus=1,
+        # NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM): HBM2e 2,039 GB/s, BF16 312 TFLOPS
+        # dense; PCIe Gen4 x16 = 32 GB/s/direction (64 GB/s bidirectional).
+        hbm_bytes_per_gpu=80 * GB,
+        hbm_bandwidth_per_gpu=2.039e12,
+        bf16_dense_flops_per_gpu=312e12,
+        pcie_bandwidth_per_gpu=32 * GB,
+        **_LLAMA8B,
+        gpu_memory_utilization=0.92,
+        runtime_reserve_bytes=4 * GIB,
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        tp_efficiency=1.0,
+        **_EFFICIENCY,
+    ),
+    "h100nvl4-llama3-70b": HardwareProfile(
+        name="h100nvl4-llama3-70b",
+        description="4x H100 NVL 94 GB, tensor parallel 4, Llama-3.1-70B fp16",
+        gpus=4,
+        # NVIDIA H100 NVL datasheet: 94 GB HBM3, 3.9 TB/s, BF16 1,671 TFLOPS with sparsity =
+        # 835 TFLOPS dense; PCIe Gen5 x16 = 64 GB/s/direction per GPU.
+        hbm_bytes_per_gpu=94 * GB,
+        hbm_bandwidth_per_gpu=3.9e12,
+        bf16_dense_flops_per_gpu=835e12,
+        pcie_bandwidth_per_gpu=64 * GB,
+        **_LLAMA70B,
+        gpu_memory_utilization=0.92,
+        runtime_reserve_bytes=4 * 4 * GIB,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        # Assumption: TP4 keeps ~80% of linear scaling (two all-reduces per layer; H100 NVL
+        # pairs are NVLink-bridged, the pairs talk over PCIe).
+        tp_efficiency=0.8,
+        **_EFFICIENCY,
+    ),
+}
+
+
+def get_profile(name: str) -> HardwareProfile:
+    from service.cli import UsageError
+
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise UsageError(f"unknown hardware {name!r}; valid: {', '.join(sorted(PROFILES))}")
+    return profile
