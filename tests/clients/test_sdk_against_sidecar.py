@@ -230,3 +230,22 @@ async def test_async_session_lifecycle(sidecar: Sidecar) -> None:
     assert sidecar.session("agent-8")["state"] == "finished"
     assert sidecar.session("agent-8.w1")["state"] == "finished"
     assert [t["session_id"] for t in sidecar.upstream.tenure()] == ["a/agent-8", "a/agent-8.w1"]
+
+
+def test_example_agent_loop_runs(
+    sidecar: Sidecar, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's example, end to end through the sidecar."""
+    from clients.examples.agent_loop import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY_A)
+    code = main(
+        ["--base-url", sidecar.base_url, "--model", "m", "--session-id", "demo-1",
+         "--tool-s", "0.01", "--approval-s", "0.01"]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "suspended for approval" in out and "sub-agent demo-1.review" in out
+    sessions = [t["session_id"] for t in sidecar.upstream.tenure()]
+    assert sessions.count("a/demo-1") == 4 and "a/demo-1.review" in sessions
+    assert sidecar.upstream.tenure()[-1]["last_turn"] is True

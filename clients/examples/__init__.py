@@ -1,0 +1,1 @@
+"""Runnable examples of the Tenure client SDK."""
