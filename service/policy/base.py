@@ -16,6 +16,7 @@ capacity, counters); a policy only *decides*. The contract mirrors vLLM's ``Cach
 
 from __future__ import annotations
 
+import pickle
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,9 @@ class TierPolicy(ABC):
         request stored itself (insertion-only, not a reuse), which ARC tells apart.
         """
 
+    def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:  # noqa: B027
+        """The tier refused ``session``'s offer of ``runs`` (after ``select_victims`` said no)."""
+
     def on_store_miss(self, runs: Sequence[Run], now: float) -> None:  # noqa: B027
         """Blocks about to be stored were missing (ARC learns from its ghost lists here)."""
 
@@ -116,6 +120,15 @@ class TierPolicy(ABC):
     def next_timer(self) -> float | None:
         """Earliest time at which :meth:`due` may return something, or ``None``."""
         return None
+
+    def fingerprint(self) -> bytes:
+        """Canonical bytes of the decision state (tests compare it: queries change nothing).
+
+        Memo caches and the tier back-reference are left out; policies whose containers have
+        several layouts for one state (a lazily cleaned heap) override this.
+        """
+        state = {k: v for k, v in vars(self).items() if k != "_tier" and "cache" not in k}
+        return pickle.dumps(state)
 
     def snapshot_counters(self) -> dict[str, int]:
         return dict(self.counters)

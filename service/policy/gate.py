@@ -63,7 +63,7 @@ class TenureGate(SessionPolicy):
     def _incoming_wakeup(self, incoming: str | None, now: float) -> float:
         if incoming is None:
             return now + self._horizon()
-        life = self.life(incoming)
+        life = self.peek(incoming)
         if life.declared_last or life.finished:
             return math.inf  # its blocks will never be read again
         gap = life.expected_gap_s if life.expected_gap_s is not None else self._horizon()
@@ -72,13 +72,13 @@ class TenureGate(SessionPolicy):
     def victim_order(
         self, n: int, incoming: str | None, candidates: dict[str, int], now: float
     ) -> list[tuple[str, EvictionClass]] | None:
-        if incoming is not None and self.life(incoming).refused:
+        if incoming is not None and self.peek(incoming).refused:
             return None  # one refusal per request: never leave a hole in a stored prefix
         finished: list[tuple[float, str]] = []
         overdue: list[tuple[float, str]] = []
         live: list[tuple[float, str]] = []
         for session in candidates:
-            life = self.life(session)
+            life = self.peek(session)
             if life.finished:
                 finished.append((life.last_activity, session))
             elif life.active:

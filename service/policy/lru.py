@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import pickle
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -22,6 +23,10 @@ from service.policy.base import TierPolicy, merge_runs
 from service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 __all__ = ["LRUPolicy", "LRUReclaimPolicy"]
+
+
+# Containers whose layout varies for one state (the lazily cleaned heap); see fingerprint().
+_LRU_INTERNALS = frozenset({"_heap", "_by_seg", "_uid", "_next_rank", "_tier"})
 
 
 class _RankRun:
@@ -164,6 +169,13 @@ class LRUPolicy(TierPolicy):
         self._compact()
         self._count_victims(victims)
         return victims
+
+    def fingerprint(self) -> bytes:
+        runs = sorted(
+            (r.seg, r.lo, r.hi, r.base, r.asc) for rs in self._by_seg.values() for r in rs
+        )
+        extra = {k: v for k, v in vars(self).items() if k not in _LRU_INTERNALS}
+        return pickle.dumps((self._next_rank, runs, extra))
 
     def _compact(self) -> None:
         live = sum(len(runs) for runs in self._by_seg.values())

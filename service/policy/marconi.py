@@ -30,8 +30,8 @@ class MarconiPolicy(SessionPolicy):
     def victim_order(
         self, n: int, incoming: str | None, candidates: dict[str, int], now: float
     ) -> list[tuple[str, EvictionClass]] | None:
-        rows = [(s, self.life(s).last_activity, b) for s, b in candidates.items()]
-        rows = [r for r in rows if not self.life(r[0]).active]
+        rows = [(s, self.peek(s).last_activity, b) for s, b in candidates.items()]
+        rows = [r for r in rows if not self.peek(r[0]).active]
         if sum(b for _, _, b in rows) < n:
             return None
         linear = self.params["linear_flops_per_token"]

@@ -22,7 +22,7 @@ class MoriPolicy(SessionPolicy):
         self, n: int, incoming: str | None, candidates: dict[str, int], now: float
     ) -> list[tuple[str, EvictionClass]] | None:
         idle = [
-            (now - self.life(s).last_activity, s) for s in candidates if not self.life(s).active
+            (now - self.peek(s).last_activity, s) for s in candidates if not self.peek(s).active
         ]
         idle.sort(reverse=True)
         threshold = self.params["min_idle_s"]

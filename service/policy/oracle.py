@@ -24,7 +24,7 @@ class OraclePolicy(SessionPolicy):
     reclaims = True
 
     def _next_use(self, session: str, now: float) -> float:
-        life = self.life(session)
+        life = self.peek(session)
         if life.finished or (life.declared_last and not life.active):
             return math.inf
         if life.active:
@@ -35,7 +35,7 @@ class OraclePolicy(SessionPolicy):
         self, n: int, incoming: str | None, candidates: dict[str, int], now: float
     ) -> list[tuple[str, EvictionClass]] | None:
         if incoming is not None:
-            life = self.life(incoming)
+            life = self.peek(incoming)
             if life.refused:
                 return None
             gap = life.expected_gap_s

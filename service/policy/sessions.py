@@ -50,6 +50,11 @@ class SessionPolicy(TierPolicy):
         self._gaps: deque[float] = deque(maxlen=512)
         self._gap_quantile_cache: dict[float, float] = {}
 
+    def peek(self, session: str) -> SessionLife:
+        """The session's life, or a fresh default without recording it (queries change nothing)."""
+        life = self.lives.get(session)
+        return life if life is not None else SessionLife()
+
     def life(self, session: str) -> SessionLife:
         life = self.lives.get(session)
         if life is None:
@@ -98,6 +103,9 @@ class SessionPolicy(TierPolicy):
             heapq.heappush(self._ttl_heap, (life.ttl_deadline, session))
         elif not hint.suspended:
             life.ttl_deadline = None
+
+    def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:
+        self.life(session).refused = True
 
     def _finish(self, session: str, life: SessionLife) -> None:
         life.finished = True
@@ -185,8 +193,6 @@ class SessionPolicy(TierPolicy):
             return []
         order = self.victim_order(n, incoming, self.candidates(incoming, protected), now)
         if order is None:
-            if incoming is not None:
-                self.life(incoming).refused = True
             return None
         victims = self.take(order, n)
         self._count_victims(victims)

@@ -156,6 +156,7 @@ class HostTier:
                 if chosen is None:
                     self.counters["refusals"] += 1
                     self.counters["refused_blocks"] += n_missing
+                    self.policy.on_refused(session, runs, now)
                     return StoreResult(admitted=False, stored_blocks=0)
                 freed = sum(v.run.blocks for v in chosen)
                 if freed != need:

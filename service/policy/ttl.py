@@ -26,7 +26,7 @@ class TTLPinPolicy(SessionPolicy):
         unpinned: list[tuple[float, str]] = []
         pinned: list[tuple[float, str]] = []
         for session in candidates:
-            life = self.life(session)
+            life = self.peek(session)
             if life.active:
                 continue
             gap = life.expected_gap_s
