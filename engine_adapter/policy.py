@@ -547,9 +547,13 @@ class TenureCachePolicy(CachePolicy):
             message = self.inbox.popleft()
             if isinstance(message, Snapshot):
                 self.stats["snapshots_applied"] += 1
+                if message.seq < self.last_applied_seq:
+                    # The sidecar's sequence restarted (its state was lost): its snapshot is
+                    # the new baseline, whatever numbers we applied before.
+                    self._applied_seq.clear()
                 for decision in message.decisions:
                     self._apply(decision, now)
-                self.last_applied_seq = max(self.last_applied_seq, message.seq)
+                self.last_applied_seq = message.seq
             else:
                 self._apply(message, now)
                 self.last_applied_seq = max(self.last_applied_seq, message.seq)

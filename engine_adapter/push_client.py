@@ -1,0 +1,251 @@
+"""The adapter end of the push channel: a background thread inside EngineCore.
+
+Protocol: :mod:`service.push.messages` (a ZeroMQ DEALER here, the sidecar's ROUTER there). The
+thread owns the socket and the sequence bookkeeping; it never touches the policy's state. It
+hands decisions and snapshots to the scheduler thread through the policy's ``inbox`` (a deque),
+and reads counters the scheduler thread writes, so the engine never waits on the channel:
+
+* ``Hello`` at start and whenever nothing was heard for ``hello_interval_s`` (that is how a
+  restarted sidecar is noticed; a restarted engine starts a fresh client with ``last_seq -1``);
+* ``Decision`` with ``seq <= last_seq`` is a duplicate and dropped; ``seq > last_seq + 1`` is a
+  gap: the decision is still applied (the newest per session wins) and a ``ResyncRequest`` sent;
+* ``Snapshot`` replaces the decision table; one with a lower ``seq`` than ours means the
+  sidecar's sequence restarted, and it is taken as the new baseline;
+* ``ResidencyReport`` every ``report_interval_s``: counter deltas since the previous report
+  (stores, refusals, evictions by class, loads, bytes) and gauges (resident bytes, sessions).
+
+With no sidecar, sends are dropped (``IMMEDIATE``: nothing queues for a peer that is not
+there), decisions already received keep applying, and untagged traffic runs tags-off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from engine_adapter.policy import TenureCachePolicy
+from service.push.messages import (
+    Decision,
+    Hello,
+    Message,
+    ResidencyReport,
+    ResyncRequest,
+    Snapshot,
+    decode,
+    encode,
+)
+
+__all__ = ["PushClient", "residency_delta"]
+
+log = logging.getLogger("tenure.adapter.push")
+
+_POLL_MS = 50
+#: Send a report at least this often (in report intervals) even when nothing changed.
+_KEEPALIVE_REPORTS = 5
+_COUNTER_FIELDS = (
+    "stores",
+    "stored_blocks",
+    "refusals",
+    "refused_blocks",
+    "host_hit_blocks",
+    "loads",
+    "bytes_stored",
+    "bytes_loaded",
+    "ttl_expiries",
+)
+_EVICTED_PREFIX = "evicted_blocks_"
+
+
+def residency_delta(now: dict[str, int], before: dict[str, int]) -> dict[str, object]:
+    """Report fields for the counter change ``before -> now`` (negative deltas clamp to 0)."""
+    fields: dict[str, object] = {
+        name: max(0, now.get(name, 0) - before.get(name, 0)) for name in _COUNTER_FIELDS
+    }
+    evicted: dict[str, int] = {}
+    for name, value in now.items():
+        if name.startswith(_EVICTED_PREFIX):
+            delta = value - before.get(name, 0)
+            if delta > 0:
+                evicted[name[len(_EVICTED_PREFIX) :]] = delta
+    fields["evicted_blocks"] = evicted
+    return fields
+
+
+class PushClient:
+    """One DEALER connection from an engine's policy to the sidecar."""
+
+    def __init__(
+        self,
+        addr: str,
+        policy: TenureCachePolicy,
+        *,
+        engine_id: str = "",
+        bytes_per_block: int = 0,
+        report_interval_s: float = 1.0,
+        hello_interval_s: float = 2.0,
+        adapter_id: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.addr = addr
+        self.policy = policy
+        self.engine_id = engine_id
+        self.bytes_per_block = bytes_per_block
+        self.report_interval_s = report_interval_s
+        self.hello_interval_s = hello_interval_s
+        self.adapter_id = (
+            adapter_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        self._wall = wall_clock
+        self.started_at = wall_clock()
+        #: Highest decision sequence number accepted from the sidecar (network thread's view).
+        self.last_seq = -1
+        self.last_heard = 0.0
+        self.counters: Counter[str] = Counter()
+        self._report_seq = 0
+        self._reported: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="tenure-push", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def connected(self) -> bool:
+        """Heard from the sidecar within the last three hello intervals."""
+        return self._wall() - self.last_heard < 3 * self.hello_interval_s
+
+    # --- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        try:
+            sock.connect(self.addr)
+            self._loop(sock)
+        except Exception:  # the channel must never take the engine down
+            log.exception("tenure push channel stopped")
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+
+    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        last_hello = -1e18
+        next_report = time.monotonic() + self.report_interval_s
+        idle_reports = 0
+        while not self._stop.is_set():
+            now_wall = self._wall()
+            if now_wall - self.last_heard > self.hello_interval_s and (
+                now_wall - last_hello > self.hello_interval_s
+            ):
+                self._send(sock, self.hello())
+                last_hello = now_wall
+            if dict(poller.poll(_POLL_MS)):
+                while True:
+                    try:
+                        frame = sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._handle(sock, frame)
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + self.report_interval_s
+                report = self.report()
+                if report is not None or idle_reports >= _KEEPALIVE_REPORTS:
+                    self._send(sock, report or self.report(force=True))
+                    idle_reports = 0
+                else:
+                    idle_reports += 1
+
+    def _send(self, sock: zmq.Socket[bytes], message: Message | None) -> None:
+        if message is None:
+            return
+        try:
+            sock.send(encode(message), zmq.NOBLOCK)
+            self.counters[f"sent_{type(message).__name__}"] += 1
+        except zmq.Again:
+            self.counters["send_dropped"] += 1  # no sidecar connected: nothing queues
+
+    def _handle(self, sock: zmq.Socket[bytes], frame: bytes) -> None:
+        try:
+            message = decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.counters["decode_errors"] += 1
+            return
+        self.last_heard = self._wall()
+        if isinstance(message, Snapshot):
+            self.counters["snapshots"] += 1
+            self.last_seq = message.seq
+            self.policy.inbox.append(message)
+        elif isinstance(message, Decision):
+            self.counters["decisions"] += 1
+            if message.seq <= self.last_seq:
+                self.counters["duplicates"] += 1
+                return
+            if self.last_seq >= 0 and message.seq > self.last_seq + 1:
+                self.counters["gaps"] += 1
+                self._send(
+                    sock,
+                    ResyncRequest(adapter_id=self.adapter_id, last_seq=self.last_seq, reason="gap"),
+                )
+            self.last_seq = message.seq
+            self.policy.inbox.append(message)
+        else:
+            self.counters["unexpected"] += 1
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def hello(self) -> Hello:
+        return Hello(
+            adapter_id=self.adapter_id,
+            engine_id=self.engine_id,
+            last_seq=self.last_seq,
+            started_at=self.started_at,
+            policy=self.policy.core_name,
+        )
+
+    def report(self, *, force: bool = False) -> ResidencyReport | None:
+        """The next report (counter deltas), or ``None`` when nothing changed and not forced."""
+        now = dict(self.policy.stats)
+        fields = residency_delta(now, self._reported)
+        changed = any(fields[name] for name in _COUNTER_FIELDS) or fields["evicted_blocks"]
+        if not changed and not force:
+            return None
+        self._reported = now
+        self._report_seq += 1
+        tier = self.policy.tier
+        return ResidencyReport(
+            adapter_id=self.adapter_id,
+            report_seq=self._report_seq,
+            at=self._wall(),
+            policy=self.policy.core_name,
+            resident_bytes={"cpu": tier.used * self.bytes_per_block},
+            sessions_tracked=len(tier.session_resident),
+            last_applied_seq=self.policy.last_applied_seq,
+            **fields,  # type: ignore[arg-type]
+        )
