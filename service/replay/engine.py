@@ -52,6 +52,7 @@ from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from service.policy import GapPredictor, HostTier, SessionHint, create_policy, policy_class
 from service.policy.types import Run
@@ -167,6 +168,10 @@ class _Sim:
         self.progress = progress
         cls = policy_class(config.policy)
         self.hint_source = cls.hint_source
+        # A lifecycle-aware deployment sees a session's new request diverge from its previous
+        # one (a compaction, a rewritten last block) and drops the dead tail at once; vLLM's
+        # own policies leave it to age out.
+        self.drop_dead_tails = cls.hint_source != "none"
         policy = create_policy(config.policy, config.policy_params)
         capacity = int(config.host_gib * GIB // self.block_bytes)
         self.tier = HostTier(policy, capacity)
@@ -246,10 +251,10 @@ class _Sim:
             1 for i in range(len(self.trace.sessions)) if self.root_of[i] not in oversize
         )
         rng.shuffle(roots)
-        t = 0.0
+        clock = 0.0
         for root in roots:
-            t += rng.expovariate(self.config.arrival_rate)
-            self.push(t, _ARRIVAL, (root, 0))
+            clock += rng.expovariate(self.config.arrival_rate)
+            self.push(clock, _ARRIVAL, (root, 0))
         self.result.first_arrival_s = math.inf
 
     def _extra_blocks(self, tokens_in: int, blocks: int, tokens_out: int) -> int:
@@ -266,6 +271,8 @@ class _Sim:
                 self.push(now + self.trace.sessions[child].turns[0].gap_s, _ARRIVAL, (child, 0))
         else:
             self.gaps.observe(self.prev_stop[session], now - self.prev_done[session])
+            if self.drop_dead_tails:
+                self._drop_dead(session, sess.turns[k - 1].context, turn.context)
         self._set_live(now, session, turn.blocks)
         req = _Request(session, k, now, turn.context)
         req.extra_blocks = self._extra_blocks(turn.input_tokens, req.n_blocks, turn.output_tokens)
@@ -468,6 +475,17 @@ class _Sim:
         if wait.own_done and wait.children == 0:
             self.push(wait.ready, _ARRIVAL, (session, turn))
 
+    def _drop_dead(self, session: int, prev: Sequence[Run], new: Sequence[Run]) -> None:
+        kept = {seg: stop for seg, _start, stop in new}
+        owner = self.trace.segment_owner
+        dead = [
+            Run(seg, kept.get(seg, 0), stop)
+            for seg, _start, stop in prev
+            if owner[seg] == session and kept.get(seg, 0) < stop
+        ]
+        if dead:
+            self.tier.drop(dead)
+
     # --- live working set -------------------------------------------------------------------
 
     def _set_live(self, now: float, session: int, blocks: int | None) -> None:
@@ -499,12 +517,12 @@ class _Sim:
         while heap:
             now, kind, _seq, payload = heapq.heappop(heap)
             if kind == _STEP:
-                self.on_step(now, payload)  # type: ignore[arg-type]
+                self.on_step(now, cast(int, payload))
             elif kind == _ARRIVAL:
-                session, k = payload  # type: ignore[misc]
+                session, k = cast(tuple[int, int], payload)
                 self.on_arrival(now, session, k)
             elif kind == _LOAD:
-                self.on_load(now, payload)  # type: ignore[arg-type]
+                self.on_load(now, cast(_Request, payload))
             else:
                 if self.timer_at is not None and now >= self.timer_at:
                     self.timer_at = None

@@ -12,6 +12,7 @@ read by the batch's attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["PROFILES", "HardwareProfile", "get_profile"]
 
@@ -77,7 +78,7 @@ class HardwareProfile:
 # Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json): 32 layers, hidden 4096, 32 heads,
 # 8 KV heads, head_dim 128; 8.03e9 parameters (model card). KV per token in fp16:
 # 2 (K, V) * 32 layers * 8 KV heads * 128 * 2 bytes = 131,072 B = 128 KiB.
-_LLAMA8B = {
+_LLAMA8B: dict[str, Any] = {
     "params": 8.03e9,
     "weight_bytes": 8.03e9 * 2,
     "layers": 32,
@@ -87,14 +88,14 @@ _LLAMA8B = {
 # Llama-3.1-70B (meta-llama/Llama-3.1-70B config.json): 80 layers, hidden 8192, 64 heads,
 # 8 KV heads, head_dim 128; 70.6e9 parameters (model card). KV per token in fp16:
 # 2 * 80 * 8 * 128 * 2 bytes = 327,680 B = 320 KiB.
-_LLAMA70B = {
+_LLAMA70B: dict[str, Any] = {
     "params": 70.6e9,
     "weight_bytes": 70.6e9 * 2,
     "layers": 80,
     "attention_width": 64 * 128,
     "kv_bytes_per_token": 2 * 80 * 8 * 128 * 2,
 }
-_EFFICIENCY = {
+_EFFICIENCY: dict[str, Any] = {
     # Assumption: a whole prefill step (GEMMs + attention + everything else) reaches about
     # half of dense BF16 peak; FlashAttention-3 (Shah et al., 2024) reports 75% of H100 peak
     # for the attention kernel alone, FlashAttention-2 (Dao, 2023) 50-73% on A100.
