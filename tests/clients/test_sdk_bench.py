@@ -1,0 +1,24 @@
+"""``tenure bench sdk`` runs and reports its figures (the figures themselves are not asserted)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from clients import bench
+
+
+def test_bench_reports_every_figure(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    out = tmp_path / "sdk.json"
+    args = parser.parse_args(["--calls", "10", "--rounds", "1", "--json", str(out)])
+    assert args.func(args) == 0
+    result = json.loads(out.read_text())
+    assert result["calls_per_round"] == 10
+    for key in ("direct_us_per_call", "sdk_us_per_call", "hint_building_us_per_call"):
+        assert result[key] > 0, key
+    assert result["added_us_per_call"] == round(
+        result["sdk_us_per_call"] - result["direct_us_per_call"], 2
+    )
