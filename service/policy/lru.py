@@ -19,7 +19,7 @@ import pickle
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from service.policy.base import TierPolicy, merge_runs
+from service.policy.base import TierPolicy
 from service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 __all__ = ["LRUPolicy", "LRUReclaimPolicy"]
@@ -142,28 +142,30 @@ class LRUPolicy(TierPolicy):
         guard: dict[int, list[tuple[int, int]]] = {}
         for p in protected:
             guard.setdefault(p.seg, []).append((p.start, p.stop))
-        chosen: list[tuple[int, int]] = []  # (seg, index) in eviction order
+        chosen: list[Run] = []  # in eviction (rank) order
+        need = n
         popped: list[tuple[int, int, _RankRun]] = []
         heap = self._heap
-        while heap and len(chosen) < n:
+        while heap and need > 0:
             entry = heapq.heappop(heap)
             run = entry[2]
             if not run.alive or entry[0] != run.base:
                 continue
             popped.append(entry)
-            order = range(run.lo, run.hi) if run.asc else range(run.hi - 1, run.lo - 1, -1)
-            spans = guard.get(run.seg)
-            for index in order:
-                if spans and any(a <= index < b for a, b in spans):
-                    continue
-                chosen.append((run.seg, index))
-                if len(chosen) == n:
+            for lo, hi in _unprotected(run.lo, run.hi, guard.get(run.seg), run.asc):
+                take = min(need, hi - lo)
+                # Ranks rise from lo (a store) or from hi - 1 (an access): take the low end.
+                chosen.append(
+                    Run(run.seg, lo, lo + take) if run.asc else Run(run.seg, hi - take, hi)
+                )
+                need -= take
+                if need == 0:
                     break
         for entry in popped:
             heapq.heappush(heap, entry)
-        if len(chosen) < n:
+        if need > 0:
             return None
-        victims = merge_runs(chosen, EvictionClass.RECENCY)
+        victims = [Victim(run, EvictionClass.RECENCY) for run in chosen]
         for victim in victims:
             self._cut(victim.run.seg, victim.run.start, victim.run.stop)
         self._compact()
@@ -182,6 +184,28 @@ class LRUPolicy(TierPolicy):
         if len(self._heap) > max(64, 4 * live):
             self._heap = [(r.base, next(self._uid), r) for rs in self._by_seg.values() for r in rs]
             heapq.heapify(self._heap)
+
+
+def _unprotected(
+    lo: int, hi: int, spans: list[tuple[int, int]] | None, asc: bool
+) -> list[tuple[int, int]]:
+    """Sub-ranges of ``[lo, hi)`` outside the protected spans, in rank order."""
+    if not spans:
+        return [(lo, hi)]
+    free = [(lo, hi)]
+    for a, b in spans:
+        nxt: list[tuple[int, int]] = []
+        for x, y in free:
+            if b <= x or a >= y:
+                nxt.append((x, y))
+                continue
+            if x < a:
+                nxt.append((x, a))
+            if b < y:
+                nxt.append((b, y))
+        free = nxt
+    free.sort()
+    return free if asc else free[::-1]
 
 
 class LRUReclaimPolicy(LRUPolicy):
