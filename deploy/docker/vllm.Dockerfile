@@ -1,7 +1,8 @@
 # vLLM (GPU) with the Tenure engine adapter installed as a vLLM plugin.
 #   docker build -f deploy/docker/vllm.Dockerfile -t tenure/vllm .
-# The `vllm.general_plugins` entry point registers `"eviction_policy": "tenure"` in every vLLM
-# process; no module paths are needed in --kv-transfer-config.
+# The `vllm.general_plugins` entry point registers `"spec_name": "TenureOffloadingSpec"` and
+# `"eviction_policy": "tenure"` in every vLLM process; no module paths are needed in
+# --kv-transfer-config.
 ARG VLLM_VERSION=v0.32.0
 FROM vllm/vllm-openai:${VLLM_VERSION}
 WORKDIR /opt/tenure

@@ -83,6 +83,10 @@ def test_vllm_runs_the_tenure_policy_on_a_gpu(compose: dict[str, Any], repo: Pat
     assert config["kv_role"] == "kv_both"
     extra = config["kv_connector_extra_config"]
     assert extra["eviction_policy"] == "tenure"
+    # Tenure's manager (gate + push channel) comes with the plugin's spec, not the stock one.
+    from engine_adapter.plugin import SPECS
+
+    assert extra["spec_name"] in SPECS and "CPU" not in extra["spec_name"]
     assert isinstance(extra["cpu_bytes_to_use"], int) and extra["cpu_bytes_to_use"] > 0
     [device] = vllm["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]

@@ -155,6 +155,9 @@ def test_vllm_runs_tenure_and_reaches_the_push_channel(
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     extra = kv["kv_connector_extra_config"]
     assert kv["kv_connector"] == "OffloadingConnector" and extra["eviction_policy"] == "tenure"
+    from engine_adapter.plugin import SPECS
+
+    assert extra["spec_name"] in SPECS and "CPU" not in extra["spec_name"]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
     env = {e["name"]: e.get("value") for e in engine["env"]}
     bind = urlsplit(manifests[("ConfigMap", "tenure-settings")]["data"]["TENURE_PUSH_ADDR"])
