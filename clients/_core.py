@@ -272,6 +272,15 @@ class SessionCore:
         # would only cost a round trip.
         return self.state != "finished"
 
+    @staticmethod
+    def ignorable_on_exit(error: TenureLifecycleError) -> bool:
+        """An ``end`` on context exit that found no session has nothing left to reclaim.
+
+        The sidecar creates a session at its first completion, so a block that exits before
+        any call (or after the record expired) gets 404; that is not a failure of the block.
+        """
+        return error.status == 404
+
     def _require_live(self, verb: str) -> None:
         if self.state == "finished":
             raise TenureUsageError(f"cannot {verb} session {self.session_id!r}: it has finished")

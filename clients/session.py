@@ -238,7 +238,9 @@ class TenureSession:
             if self._end_on_exit and self._core.should_end_on_exit():
                 try:
                     self.end()
-                except TenureLifecycleError:
+                except TenureLifecycleError as error:
+                    if self._core.ignorable_on_exit(error):
+                        return
                     if exc is None:
                         raise
                     # The body's own exception is the one the caller needs to see.

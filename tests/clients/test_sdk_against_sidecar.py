@@ -249,3 +249,9 @@ def test_example_agent_loop_runs(
     sessions = [t["session_id"] for t in sidecar.upstream.tenure()]
     assert sessions.count("a/demo-1") == 4 and "a/demo-1.review" in sessions
     assert sidecar.upstream.tenure()[-1]["last_turn"] is True
+
+
+def test_unused_session_exits_cleanly(sidecar: Sidecar) -> None:
+    with TenureSession(_client(sidecar), session_id="agent-9") as s:
+        assert s.turns == 0
+    assert sidecar.upstream.bodies == []

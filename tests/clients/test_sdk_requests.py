@@ -278,3 +278,18 @@ async def test_async_context_exit_ends_also_on_exception(
         async with AsyncTenureSession(oa, "task-2", http_client=http):
             raise asyncio.CancelledError
     assert fake_sidecar.seen[-1].path == "/v1/sessions/task-2/end"
+
+
+def test_exit_without_a_session_on_the_sidecar_is_quiet(
+    sync_clients: Any, fake_sidecar: Any
+) -> None:
+    """A block that made no call has no session on the sidecar (404): nothing to end."""
+    oa, http = sync_clients
+    fake_sidecar.lifecycle_failures = [(404, {})]
+    with TenureSession(oa, "never-used", http_client=http):
+        pass
+    assert fake_sidecar.of("/end")[0].path == "/v1/sessions/never-used/end"
+    # An explicit end still reports it.
+    fake_sidecar.lifecycle_failures = [(404, {})]
+    with pytest.raises(TenureLifecycleError):
+        TenureSession(oa, "never-used", http_client=http).end()
