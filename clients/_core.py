@@ -164,19 +164,14 @@ class SessionCore:
 
     # ---- completions -------------------------------------------------------------------------
 
-    def completion_kwargs(
+    def hint_headers(
         self,
-        kwargs: dict[str, Any],
         *,
-        last_turn: bool,
-        expected_gap_s: float | None,
-        segment: str | None,
-    ) -> dict[str, Any]:
-        """The keyword arguments for ``client.<resource>.create``, hint headers merged in.
-
-        Caller-supplied ``extra_headers`` are kept; the session's hints win over them so that
-        a stale header copied between calls cannot contradict the session object.
-        """
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+    ) -> dict[str, str]:
+        """The ``X-Tenure-*`` headers for this session's next call."""
         if self.state == "finished":
             raise TenureUsageError(f"session {self.session_id!r} has finished; start a new one")
         gap_s = _check_seconds(expected_gap_s, "expected_gap_s")
@@ -193,10 +188,28 @@ class SessionCore:
             headers[HEADER_SEGMENT] = chosen_segment
         if self.parent is not None:
             headers[HEADER_PARENT] = self.parent
+        return headers
+
+    def completion_kwargs(
+        self,
+        kwargs: dict[str, Any],
+        *,
+        last_turn: bool,
+        expected_gap_s: float | None,
+        segment: str | None,
+    ) -> dict[str, Any]:
+        """The keyword arguments for ``client.<resource>.create``, hint headers merged in.
+
+        Caller-supplied ``extra_headers`` are kept except ``X-Tenure-*`` ones: the session
+        object is the one source of hints, so a header copied from an earlier call (say, a
+        stale last-turn flag) cannot contradict it.
+        """
+        headers = self.hint_headers(
+            last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
+        )
         merged = dict(kwargs)
-        extra = dict(merged.pop("extra_headers", None) or {})
-        hint_names = {name.lower() for name in headers}
-        extra = {k: v for k, v in extra.items() if k.lower() not in hint_names}
+        caller = merged.pop("extra_headers", None) or {}
+        extra = {k: v for k, v in caller.items() if not k.lower().startswith("x-tenure-")}
         extra.update(headers)
         merged["extra_headers"] = extra
         return merged

@@ -96,6 +96,22 @@ class TenureSession:
 
     # ---- completions -------------------------------------------------------------------------
 
+    def hint_headers(
+        self,
+        *,
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+    ) -> dict[str, str]:
+        """This session's ``X-Tenure-*`` headers, for calls made outside the SDK.
+
+        E.g. ``client.with_options(default_headers=s.hint_headers())`` for a framework that
+        owns the OpenAI client. Such calls are not counted in :attr:`turns`.
+        """
+        return self._core.hint_headers(
+            last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
+        )
+
     @overload
     def chat(
         self,

@@ -293,3 +293,37 @@ def test_exit_without_a_session_on_the_sidecar_is_quiet(
     fake_sidecar.lifecycle_failures = [(404, {})]
     with pytest.raises(TenureLifecycleError):
         TenureSession(oa, "never-used", http_client=http).end()
+
+
+async def test_stale_tenure_headers_from_the_caller_are_dropped(
+    make: Any, fake_sidecar: Any
+) -> None:
+    s = make()
+    await run(
+        s.chat(
+            model="m", messages=MESSAGES, extra_headers={"X-Tenure-Last-Turn": "true", "X-A": "1"}
+        )
+    )
+    [seen] = fake_sidecar.of("/chat/completions")
+    assert "x-tenure-last-turn" not in seen.headers and seen.headers["x-a"] == "1"
+    assert s.state == "open"
+
+
+def test_hint_headers_for_clients_the_sdk_does_not_own(
+    sync_clients: Any, fake_sidecar: Any
+) -> None:
+    """A framework that owns the OpenAI client can still carry the session's hints."""
+    oa, http = sync_clients
+    s = TenureSession(oa, "task-h", http_client=http, segment="lead", parent="task-p")
+    assert s.hint_headers(expected_gap_s=0.25) == {
+        "X-Tenure-Session": "task-h",
+        "X-Tenure-Expected-Gap-Ms": "250",
+        "X-Tenure-Segment": "lead",
+        "X-Tenure-Parent": "task-p",
+    }
+    oa.with_options(default_headers=s.hint_headers(last_turn=True)).chat.completions.create(
+        model="m", messages=MESSAGES
+    )
+    [seen] = fake_sidecar.of("/chat/completions")
+    assert seen.headers["x-tenure-session"] == "task-h"
+    assert seen.headers["x-tenure-last-turn"] == "true"
