@@ -91,6 +91,8 @@ class TenureCachePolicy(CachePolicy):
         self.core = create_policy(self.core_name, self._core_params)
         self.tier = HostTier(self.core, self.cache_capacity)
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
+        # vLLM calls get() once per looked-up block: bind the dict's own method (no Python frame).
+        self.get = self.chunks.get  # type: ignore[method-assign, assignment]
         self._loc: dict[OffloadKey, _Loc] = {}
         self._key_at: list[list[OffloadKey | None]] = []
         self._frontier: list[int] = []
@@ -241,20 +243,35 @@ class TenureCachePolicy(CachePolicy):
         session = info.session
         assert session is not None
         locs: list[_Loc] = []
+        chunks, staged, loc_map = self.chunks, self._staged, self._loc
+        key_at, frontier = self._key_at, self._frontier
+        position = ctx.get_offload_key_position if ctx is not None else None
         for key in keys_to_store:
-            if key in self.chunks or key in self._staged:
+            if key in chunks or key in staged:
                 continue
-            index = self._index(key, ctx, info)
-            occupant = self._occupant(info.seg, index)
-            if occupant is not None and occupant != key:
+            pos = position(key) if position is not None else None
+            unit = self.block_tokens
+            if pos and unit and pos % unit == 0:
+                index = pos // unit - 1
+            else:
+                index = self._index(key, ctx, info)
+            slots = key_at[info.seg]
+            if index < len(slots) and slots[index] is not None and slots[index] != key:
                 # Same session, same position, different content (an edited or branched
                 # context): continue in a fork segment so residency stays one key per slot.
                 info.forks += 1
                 info.seg = self._segment(session, (info.tags.segment, "fork", info.forks))
-            locs.append((info.seg, index))
+                slots = key_at[info.seg]
+            seg = info.seg
+            if len(slots) <= index:
+                slots.extend([None] * (index + 1 - len(slots)))
+            slots[index] = key
+            loc_map[key] = (seg, index)
+            if index >= frontier[seg]:
+                frontier[seg] = index + 1
+            staged.add(key)
+            locs.append((seg, index))
             info.next_index = index + 1
-            self._staged.add(key)
-            self._place(key, (info.seg, index))
         if not locs:
             return True
         runs = _merge(locs)
@@ -399,22 +416,38 @@ class TenureCachePolicy(CachePolicy):
         info = self._request(req_context, now)
         session = info.session
         assert session is not None
-        locs: list[_Loc] = []
-        inserted: list[_Loc] = []
-        for key in order_request_keys(key_groups, req_context):
-            loc = self._loc.get(key)
+        keys = order_request_keys(key_groups, req_context)
+        loc_of = self._loc.get
+        owner_of = self.tier.owner
+        runs: list[Run] = []
+        seg = start = stop = -1
+        foreign = False
+        for key in keys:
+            loc = loc_of(key)
             if loc is None:
                 continue
-            locs.append(loc)
-            if key in insertion_only_keys:
-                inserted.append(loc)
-            if self.tier.owner(loc[0]) != session:
+            if loc[0] == seg and loc[1] == stop:
+                stop += 1
+            else:
+                if seg >= 0:
+                    runs.append(Run(seg, start, stop))
+                if loc[0] != seg:
+                    foreign = owner_of(loc[0]) != session
+                seg, start, stop = loc[0], loc[1], loc[1] + 1
+            if foreign:
                 # A shared prefix: remember where it sits in this session's context, so the
                 # session can inherit it when the owner's blocks are reclaimed.
                 sharers = self._sharers.setdefault(key, {})
                 if session not in sharers:
                     sharers[session] = (info.seg, self._index(key, req_context, info))
-        victims = self.tier.access(_merge(locs), now, session=session, inserted=_merge(inserted))
+        if seg >= 0:
+            runs.append(Run(seg, start, stop))
+        inserted: list[Run] = []
+        if insertion_only_keys:
+            inserted = _merge(
+                [loc for k in keys if k in insertion_only_keys and (loc := loc_of(k))]
+            )
+        victims = self.tier.access(runs, now, session=session, inserted=inserted)
         if info.tags.last_turn:
             self._ended.add(session)
         self._drop_victims(victims, now)

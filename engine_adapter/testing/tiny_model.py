@@ -50,7 +50,7 @@ def _write(target: Path) -> None:
     vocab = {tok: i for i, tok in enumerate(_SPECIAL + _words())}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         unk_token="<unk>",
         bos_token="<s>",
@@ -72,16 +72,17 @@ def _write(target: Path) -> None:
         eos_token_id=2,
         pad_token_id=3,
         tie_word_embeddings=False,
-        torch_dtype="bfloat16",
     )
     torch.manual_seed(1234)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     with torch.no_grad():
         # Larger-than-default init so attention over the (re)loaded KV visibly shapes the output.
         for param in model.parameters():
             if param.dim() >= 2:
                 param.normal_(0.0, 0.08)
-    model.to(torch.bfloat16).save_pretrained(target, safe_serialization=True)
+    model = model.to(torch.bfloat16)  # type: ignore[call-arg, arg-type]
+    model.config.torch_dtype = torch.bfloat16
+    model.save_pretrained(target, safe_serialization=True)
     (target / _MARKER).write_text(json.dumps({"version": TINY_MODEL_VERSION}))
 
 

@@ -1,0 +1,262 @@
+"""``tenure bench policy``: the adapter policy's cost per call beside vLLM's ``LRUCachePolicy``.
+
+Both policies are driven through the same ``CachePolicy`` calls the offloading manager makes,
+on the same synthetic agent workload: sessions that share a system prompt, grow their context
+a few blocks per turn, end with a declared last turn and are replaced by new ones; a host tier
+sized to hold about half of the live working set, so stores evict (or get refused). Per
+request: ``get`` for each context block (lookup), ``on_store_miss`` + ``evict`` (when full) +
+``insert`` + ``mark_evictable`` for the new blocks (store, transfer done), and
+``on_request_finished`` (request-scoped access). ``ns/op`` is wall time over those calls; the
+Tenure side's extra manager hooks (``poll``, ``take_released``) are timed but not counted.
+
+Scaling: the same per-request work with 10 to 10,000 live sessions (tier sized per session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Workload", "configure", "measure", "run"]
+
+BLOCK_TOKENS = 16
+SYSTEM_BLOCKS = 2
+MAX_CONTEXT_BLOCKS = 48
+HOST_BLOCKS_PER_SESSION = 6
+
+
+@dataclass(frozen=True)
+class Workload:
+    sessions: int
+    requests: int
+    seed: int = 7
+
+
+def _key(session_serial: int, index: int) -> Any:
+    # 32-byte "block hash" + 4-byte group index, as vLLM's OffloadKey (a bytes NewType).
+    return (session_serial * 4096 + index + 1).to_bytes(32, "big") + b"\0\0\0\0"
+
+
+class _Driver:
+    """Plays the offloading manager's part: chunk pool, transfer completion, request contexts."""
+
+    def __init__(self, policy: Any, capacity: int, tenure: bool) -> None:
+        self.policy = policy
+        self.capacity = capacity
+        self.tenure = tenure
+        self.next_chunk = 0
+        self.free: list[Any] = []
+        self.ops = 0
+
+    def chunk(self) -> Any:
+        from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+        if self.free:
+            chunk = self.free.pop()
+            chunk.ref_cnt = -1
+            return chunk
+        self.next_chunk += 1
+        return ChunkStatus(self.next_chunk)
+
+    def prepare(self, serial: int, session: str, context: int, new: int, last: bool) -> Any:
+        """Build the request's keys and context up front (vLLM's scheduler does this, not the
+        policy), so only policy calls and the manager's own bookkeeping are timed."""
+        from vllm.v1.kv_offload.base import ReqContext
+
+        tags: dict[str, Any] = {"session_id": session, "expected_gap_ms": 5000}
+        if last:
+            tags["last_turn"] = True
+        ctx = ReqContext(req_id=f"r{serial}-{context}", kv_transfer_params={"tenure": tags})
+        keys = [_key(0, i) for i in range(SYSTEM_BLOCKS)]
+        keys += [_key(serial, i) for i in range(SYSTEM_BLOCKS, context + new)]
+        for i, key in enumerate(keys):
+            ctx.set_offload_key_position(key, (i + 1) * BLOCK_TOKENS)
+        return ctx, keys, context, set(keys)
+
+    def request(self, ctx: Any, keys: list[bytes], context: int, protected: set[bytes]) -> None:
+        policy = self.policy
+        get = policy.get
+        if self.tenure:
+            policy.on_new_request(ctx)
+        ops = 0
+        for key in keys[:context]:  # lookup of the offloaded prefix
+            ops += 1
+            if get(key) is None:
+                break
+        offer = [k for k in keys if get(k) is None]
+        ops += len(keys)
+        if offer:
+            policy.on_store_miss(offer, ctx)
+            ops += 1
+            need = len(offer) - (self.capacity - len(policy.chunks))
+            stored = True
+            if need > 0:
+                ops += 1
+                evicted = policy.evict(need, protected)
+                if evicted is None:
+                    stored = False
+                else:
+                    self.free.extend(chunk for _, chunk in evicted)
+            if stored:
+                for key in offer:
+                    chunk = self.chunk()
+                    policy.insert(key, chunk)
+                    chunk.ref_cnt = 0
+                    policy.mark_evictable(key)
+                ops += 2 * len(offer)
+            if self.tenure:
+                policy.end_store()
+        present = [k for k in keys if get(k) is not None]
+        policy.on_request_finished((present,), set(), set(present), ctx)
+        ops += 1 + len(keys)
+        if self.tenure:
+            policy.poll()
+            self.free.extend(chunk for _, chunk in policy.take_released())
+        self.ops += ops
+
+
+def _plan(w: Workload) -> list[tuple[int, int, int, int, bool]]:
+    """(session slot, serial, context blocks, new blocks, last turn) per request, warm-up first."""
+    rng = random.Random(w.seed)
+    serial = [i + 1 for i in range(w.sessions)]
+    context = [0] * w.sessions
+    next_serial = w.sessions + 1
+    plan: list[tuple[int, int, int, int, bool]] = []
+    order = list(range(w.sessions)) + [rng.randrange(w.sessions) for _ in range(w.requests)]
+    for slot in order:
+        new = rng.randint(2, 6) if context[slot] else SYSTEM_BLOCKS + rng.randint(2, 6)
+        last = context[slot] + new >= MAX_CONTEXT_BLOCKS or rng.random() < 0.05
+        plan.append((slot, serial[slot], context[slot], new, last))
+        if last:
+            serial[slot] = next_serial
+            next_serial += 1
+            context[slot] = 0
+        else:
+            context[slot] += new
+    return plan
+
+
+def measure(policy_name: str, w: Workload) -> tuple[float, int]:
+    """ns per counted call and the number of calls, for one policy on workload ``w``."""
+    capacity = w.sessions * HOST_BLOCKS_PER_SESSION
+    if policy_name == "vllm-lru":
+        from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+        driver = _Driver(LRUCachePolicy(cache_capacity=capacity), capacity, tenure=False)
+    else:
+        from engine_adapter.policies import policy_class_for
+
+        policy = policy_class_for(policy_name)(cache_capacity=capacity)
+        policy.can_release = True
+        policy.block_tokens = BLOCK_TOKENS
+        driver = _Driver(policy, capacity, tenure=True)
+    plan = _plan(w)
+    warm = plan[: w.sessions]
+    timed = plan[w.sessions :]
+    for _slot, serial, context, new, last in warm:
+        driver.request(*driver.prepare(serial, f"s{serial}", context, new, last))
+    prepared = [driver.prepare(serial, f"s{serial}", c, n, last) for _, serial, c, n, last in timed]
+    driver.ops = 0
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        for request in prepared:
+            driver.request(*request)
+        elapsed = time.perf_counter_ns() - start
+    finally:
+        gc.enable()
+    return elapsed / max(1, driver.ops), driver.ops
+
+
+def run(
+    *, requests: int, sessions: int, scaling: Sequence[int], policy: str, repeats: int
+) -> dict[str, Any]:
+    def pair(w: Workload) -> tuple[tuple[float, int], tuple[float, int]]:
+        # Interleaved, best of ``repeats``: both sides see the same background load.
+        lru: list[tuple[float, int]] = []
+        ten: list[tuple[float, int]] = []
+        for _ in range(repeats):
+            lru.append(measure("vllm-lru", w))
+            ten.append(measure(policy, w))
+        return min(lru), min(ten)
+
+    base = Workload(sessions=sessions, requests=requests)
+    (lru_ns, lru_ops), (ten_ns, ten_ops) = pair(base)
+    out: dict[str, Any] = {
+        "policy": policy,
+        "sessions": sessions,
+        "requests": requests,
+        "vllm_lru_ns_per_op": round(lru_ns, 1),
+        "tenure_ns_per_op": round(ten_ns, 1),
+        "ratio": round(ten_ns / lru_ns, 3),
+        "ops": {"vllm_lru": lru_ops, "tenure": ten_ops},
+        "scaling": [],
+    }
+    for n in scaling:
+        w = Workload(sessions=n, requests=requests)
+        (lru, _), (ns, _) = pair(w)
+        out["scaling"].append(
+            {"sessions": n, "tenure_ns_per_op": round(ns, 1), "vllm_lru_ns_per_op": round(lru, 1)}
+        )
+    return out
+
+
+def _main(args: argparse.Namespace) -> int:
+    from service.cli import UsageError
+    from service.policy import UnknownPolicyError, policy_class
+
+    try:
+        policy_class(args.policy)
+    except UnknownPolicyError as exc:
+        raise UsageError(str(exc)) from None
+    if args.requests <= 0 or args.repeats <= 0 or any(n <= 0 for n in args.scaling):
+        raise UsageError("--requests, --repeats and --scaling values must be positive")
+    result = run(
+        requests=args.requests,
+        sessions=args.sessions,
+        scaling=args.scaling,
+        policy=args.policy,
+        repeats=args.repeats,
+    )
+    print(
+        f"policy per call ({args.requests} requests, {args.sessions} live sessions): "
+        f"vLLM LRUCachePolicy {result['vllm_lru_ns_per_op']:.0f} ns/op, "
+        f"{args.policy} {result['tenure_ns_per_op']:.0f} ns/op, ratio {result['ratio']:.2f}"
+    )
+    for row in result["scaling"]:
+        print(
+            f"  {row['sessions']:>6} sessions: {args.policy} {row['tenure_ns_per_op']:.0f} ns/op"
+            f"   (vLLM LRU {row['vllm_lru_ns_per_op']:.0f} ns/op)"
+        )
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--policy", default="tenure", help="core policy to measure (default tenure)"
+    )
+    parser.add_argument("--requests", type=int, default=3000, help="timed requests per run")
+    parser.add_argument("--sessions", type=int, default=100, help="live sessions, main comparison")
+    parser.add_argument(
+        "--scaling",
+        type=int,
+        nargs="+",
+        default=[10, 100, 1000, 10000],
+        help="live-session counts for the scaling sweep",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per point (best is kept)")
+    parser.set_defaults(func=_main)
