@@ -123,6 +123,7 @@ class _Request:
         "offer_idx",
         "prefill_left",
         "prefilled",
+        "refused_at",
         "runs",
         "session",
         "turn",
@@ -143,6 +144,7 @@ class _Request:
         self.decode_left = 0
         self.first_token = -1.0
         self.offer_idx = 0
+        self.refused_at = -1  # prompt blocks computed when an offer was last refused
         self.access_start = 0
         self.inserted: list[Run] = []
 
@@ -403,7 +405,10 @@ class _Sim:
 
     def offer(self, req: _Request, now: float) -> None:
         done = min(req.n_blocks, req.computed // self.bt)
-        if done <= req.offer_idx:
+        if done <= req.offer_idx or done == req.refused_at:
+            # vLLM re-offers a refused range every step; with nothing new computed the answer
+            # cannot change (a gate keeps refusing the request, and an eviction policy only
+            # refuses an offer larger than what it could ever free), so skip the repeat.
             return
         runs = slice_runs(req.runs, req.offer_idx, done)
         missing = self.tier.missing(runs)
@@ -413,6 +418,8 @@ class _Sim:
             req.offer_idx = done
             req.inserted.extend(missing)
             self.result.host_bytes_stored += res.stored_blocks * self.block_bytes
+        else:
+            req.refused_at = done
         self.arm_timer(now)
 
     # --- completion -------------------------------------------------------------------------

@@ -1,0 +1,38 @@
+"""Fixtures for the replay tests: the real bundled traces, loaded once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.replay.loaders import load_trace
+from service.replay.model import Trace
+from service.replay.paths import claude_code_trace, mooncake_trace
+
+
+@pytest.fixture(scope="session")
+def claude_path() -> Path:
+    path = claude_code_trace()
+    if not path.is_file():
+        pytest.fail(f"bundled trace missing: {path} (set TENURE_SHARED_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def mooncake_path() -> Path:
+    path = mooncake_trace()
+    if not path.is_file():
+        pytest.fail(f"bundled trace missing: {path} (set TENURE_SHARED_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def claude(claude_path: Path) -> Trace:
+    return load_trace(claude_path, "claude-code")
+
+
+@pytest.fixture(scope="session")
+def claude_small(claude: Trace) -> Trace:
+    """A dozen sessions, two of them with sub-agents (root 0 holds the first sub-agents)."""
+    return claude.subset(claude.roots[:12])
