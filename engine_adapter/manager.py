@@ -9,7 +9,7 @@ inside a store, and never wakes the policy up on its own. This subclass, built b
 * chunks the policy drops outside a store (reclaim on a last turn, an expired host TTL, a pushed
   decision) go straight back to the pool;
 * pushed decisions and timers are applied on the scheduler thread at each step end, and
-  ``has_pending_work`` keeps the engine stepping while a timer is about to fire.
+  ``has_pending_work`` keeps the engine stepping while one is due.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ class TenureOffloadingManager(CPUOffloadingManager):
         *args: Any,
         block_tokens: int = 0,
         bytes_per_block: int = 0,
-        timer_spin_s: float = 2.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -57,7 +56,6 @@ class TenureOffloadingManager(CPUOffloadingManager):
             self.tenure.can_release = True
             self.tenure.block_tokens = block_tokens
         self.bytes_per_block = bytes_per_block
-        self.timer_spin_s = timer_spin_s
         self.push_client: Any = None
 
     # --- chunk pool -------------------------------------------------------------------------
@@ -151,9 +149,9 @@ class TenureOffloadingManager(CPUOffloadingManager):
         tenure = self.tenure
         if tenure is None:
             return False
-        # Keep stepping only while a timer is about to fire or a decision waits: an idle engine
-        # blocks on its input queue, and the next request applies anything that came due.
-        return bool(tenure.inbox) or tenure.pending_timer() <= time.monotonic() + self.timer_spin_s
+        # Step while a decision waits or a timer is due. An idle engine blocks on its input
+        # queue; the push thread wakes it when either happens (engine_adapter.wakeup).
+        return tenure.has_work(time.monotonic())
 
     def reset_cache(self) -> None:
         super().reset_cache()

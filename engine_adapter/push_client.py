@@ -94,6 +94,7 @@ class PushClient:
         hello_interval_s: float = 2.0,
         adapter_id: str | None = None,
         wall_clock: Callable[[], float] = time.time,
+        waker: Callable[[], None] | None = None,
     ) -> None:
         self.addr = addr
         self.policy = policy
@@ -105,6 +106,8 @@ class PushClient:
             adapter_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
         self._wall = wall_clock
+        #: Wakes an idle engine so queued decisions and due timers apply without new traffic.
+        self.waker = waker
         self.started_at = wall_clock()
         #: Highest decision sequence number accepted from the sidecar (network thread's view).
         self.last_seq = -1
@@ -173,6 +176,11 @@ class PushClient:
                     except zmq.Again:
                         break
                     self._handle(sock, frame)
+            if self.waker is not None and self.policy.has_work(time.monotonic()):
+                # Decisions are queued or a timer is due: have the engine step (it applies
+                # them on its own thread). At most once per poll tick.
+                self.waker()
+                self.counters["wakeups"] += 1
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + self.report_interval_s
                 report = self.report()

@@ -7,7 +7,6 @@ path) and a Tenure policy with ``"eviction_policy": "tenure"``. Keys it reads fr
 * ``tenure_push_addr`` — the sidecar's push channel (``tcp://127.0.0.1:PORT`` or ``ipc://``);
   env ``TENURE_PUSH_ADDR`` when absent; no address = no channel (tags-off decisions only).
 * ``tenure_policy_params`` — explicit core-policy parameters (e.g. ``{"overdue_slack_s": 10}``).
-* ``tenure_timer_spin_s`` — keep the engine stepping this long before a due timer (default 2).
 * ``tenure_report_interval_s`` / ``tenure_hello_interval_s`` — push-channel cadence.
 
 The worker side is the stock one (CUDA / XPU); :mod:`engine_adapter.cpu_spec` swaps in a
@@ -60,7 +59,6 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
             max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
             block_tokens=block_tokens,
             bytes_per_block=self.kv_bytes_per_chunk,
-            timer_spin_s=_float(extra, "tenure_timer_spin_s", 2.0),
         )
         tenure = manager.tenure
         if tenure is not None:
@@ -74,6 +72,7 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
             addr = extra.get("tenure_push_addr") or os.environ.get(PUSH_ADDR_ENV)
             if addr:
                 from engine_adapter.push_client import PushClient
+                from engine_adapter.wakeup import find_engine_waker
 
                 manager.push_client = PushClient(
                     str(addr),
@@ -82,6 +81,7 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
                     bytes_per_block=self.kv_bytes_per_chunk,
                     report_interval_s=_float(extra, "tenure_report_interval_s", 1.0),
                     hello_interval_s=_float(extra, "tenure_hello_interval_s", 2.0),
+                    waker=find_engine_waker(),
                 )
                 manager.push_client.start()
             else:

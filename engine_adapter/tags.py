@@ -36,6 +36,15 @@ def _text(value: Any) -> str | None:
     return None
 
 
+def _non_negative(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 def parse_tags(kv_transfer_params: Any) -> RequestTags:
     """Read ``kv_transfer_params["tenure"]``; anything malformed is ignored and counted."""
     if not isinstance(kv_transfer_params, dict):
@@ -67,18 +76,16 @@ def parse_tags(kv_transfer_params: Any) -> RequestTags:
     if not isinstance(suspended, bool):
         invalid += 1
         suspended = False
-    gap_ms = raw.get("expected_gap_ms")
+    # The sidecar sends seconds; harness-set tags (the header's unit) may use milliseconds.
     expected_gap_s: float | None = None
-    if gap_ms is not None:
-        if (
-            isinstance(gap_ms, int | float)
-            and not isinstance(gap_ms, bool)
-            and math.isfinite(gap_ms)
-            and gap_ms >= 0
-        ):
-            expected_gap_s = float(gap_ms) / 1000.0
-        else:
-            invalid += 1
+    for name, scale in (("expected_gap_s", 1.0), ("expected_gap_ms", 1000.0)):
+        value = raw.get(name)
+        if value is None:
+            continue
+        if _non_negative(value):
+            expected_gap_s = float(value) / scale
+            break
+        invalid += 1
     return RequestTags(
         session_id=session_id,
         segment=segment,

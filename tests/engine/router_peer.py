@@ -27,11 +27,15 @@ from service.push.messages import (
 
 
 class RouterPeer:
-    def __init__(self, addr: str = "tcp://127.0.0.1") -> None:
+    def __init__(self, addr: str = "tcp://127.0.0.1", port: int | None = None) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        port = self._sock.bind_to_random_port(addr)
+        if port is None:
+            port = self._sock.bind_to_random_port(addr)
+        else:
+            self._sock.bind(f"{addr}:{port}")
+        self.port = port
         self.addr = f"{addr}:{port}"
         self.received: list[tuple[bytes, Message]] = []
         self.decisions: dict[str, Decision] = {}
@@ -53,10 +57,14 @@ class RouterPeer:
         with self._lock:
             return [m for _, m in self.received if isinstance(m, kind)]
 
-    def decide(self, session_id: str, state: str, *, skip_seq: bool = False, **fields) -> Decision:
-        """Publish a decision to every adapter heard from (``skip_seq`` simulates a loss)."""
+    def decide(
+        self, session_id: str, state: str, *, skip_seq: bool = False, resend: bool = False, **fields
+    ) -> Decision:
+        """Publish a decision to every adapter heard from (``skip_seq`` simulates a loss,
+        ``resend`` repeats the newest decision's sequence number: a duplicate)."""
         with self._lock:
-            self.seq += 2 if skip_seq else 1
+            if not resend:
+                self.seq += 2 if skip_seq else 1
             decision = Decision(
                 seq=self.seq, session_id=session_id, state=state, issued_at=time.time(), **fields
             )
