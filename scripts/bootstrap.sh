@@ -8,11 +8,13 @@ cd "$(dirname "$0")/.."
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-    log "installing redis-server and prometheus from Debian"
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1 \
+    || ! command -v docker-compose >/dev/null 2>&1; then
+    # docker-compose (v1) only validates docker-compose.yml in tests: there is no Docker daemon.
+    log "installing redis-server, prometheus and docker-compose from Debian"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends redis-server prometheus >/dev/null
+    apt-get install -y -qq --no-install-recommends redis-server prometheus docker-compose >/dev/null
 fi
 
 PY=${PYTHON:-python3.11}
