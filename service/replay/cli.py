@@ -56,6 +56,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sessions", default=None, help="replay the first N root sessions")
     parser.add_argument("--boot", default="1000", help="bootstrap replicates (0: no intervals)")
     parser.add_argument("--jobs", default=None, help="parallel processes (default: cores)")
+    parser.add_argument(
+        "--paired-vs",
+        default=None,
+        help="baselines for paired p95 deltas (default: lru,notier when replayed)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write results JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
 
@@ -115,6 +120,13 @@ class _Options:
                 except UnknownPolicyError as exc:
                     raise UsageError(str(exc)) from None
             self.policies = order_policies(names)
+        if args.paired_vs is None:
+            self.paired_vs = tuple(p for p in ("lru", "notier") if p in self.policies)
+        else:
+            self.paired_vs = tuple(p.strip() for p in args.paired_vs.split(",") if p.strip())
+            missing = [p for p in self.paired_vs if p not in self.policies]
+            if missing:
+                raise UsageError(f"--paired-vs {','.join(missing)}: not among --policies")
         self.trace_path: Path = args.trace
         self.format: str | None = args.format
         self.json: Path | None = args.json
@@ -135,7 +147,13 @@ class _Options:
         from service.replay.experiment import LadderSpec
 
         return LadderSpec(
-            tuple(self.policies), self.hardware, self.rate, self.host_gib, self.seeds, self.boot
+            tuple(self.policies),
+            self.hardware,
+            self.rate,
+            self.host_gib,
+            self.seeds,
+            self.boot,
+            self.paired_vs,
         )
 
     def extra(self, trace: Any) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class LadderSpec:
     host_gib: float
     seeds: tuple[int, ...]
     boot: int
+    paired_vs: tuple[str, ...] = PAIRED_BASELINES
 
 
 # The trace the workers replay, set in the parent just before the pool forks.
@@ -143,7 +144,7 @@ def build_ladder(
         group.sort(key=lambda r: r.seed)
     results = {p: summarize(by_policy[p], spec.boot) for p in spec.policies}
     paired: dict[str, dict[str, list[float]]] = {}
-    for base in PAIRED_BASELINES:
+    for base in spec.paired_vs:
         if base not in by_policy:
             continue
         control = samples(by_policy[base], "jct_s")
