@@ -29,6 +29,7 @@ from service.api.errors import unavailable
 from service.api.proxy import Proxy
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
+from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
 from service.push.messages import TierConfig
 from service.push.server import PushServer
@@ -53,6 +54,35 @@ def _redis(settings: Settings, socket_timeout_s: float) -> aioredis.Redis:
         # The breaker decides when to try again; a client-side retry would only add waiting.
         retry=Retry(NoBackoff(), 0),
         max_connections=512,
+    )
+
+
+def _upstream_client(
+    settings: Settings, transport: httpx.AsyncBaseTransport | None
+) -> UpstreamClient:
+    if transport is None and settings.upstream_client == "aiohttp":
+        return AiohttpUpstream(
+            settings.upstream_url,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            read_timeout_s=settings.upstream_read_timeout_s,
+            max_connections=settings.upstream_max_connections,
+        )
+    return HttpxUpstream(
+        httpx.AsyncClient(
+            base_url=settings.upstream_url,
+            timeout=httpx.Timeout(
+                connect=settings.upstream_connect_timeout_s,
+                read=settings.upstream_read_timeout_s,
+                write=settings.upstream_read_timeout_s,
+                pool=settings.upstream_connect_timeout_s,
+            ),
+            limits=httpx.Limits(
+                max_connections=settings.upstream_max_connections,
+                max_keepalive_connections=settings.upstream_max_connections,
+            ),
+            transport=transport,
+            trust_env=False,
+        )
     )
 
 
@@ -90,21 +120,7 @@ def create_app(
             tenants=tenants.names, clock=clock,
         )  # fmt: skip
         await runtime.refresh(sample_states=True)
-        http = httpx.AsyncClient(
-            base_url=settings.upstream_url,
-            timeout=httpx.Timeout(
-                connect=settings.upstream_connect_timeout_s,
-                read=settings.upstream_read_timeout_s,
-                write=settings.upstream_read_timeout_s,
-                pool=settings.upstream_connect_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=settings.upstream_max_connections,
-                max_keepalive_connections=settings.upstream_max_connections,
-            ),
-            transport=upstream_transport,
-            trust_env=False,
-        )
+        upstream = _upstream_client(settings, upstream_transport)
         tail_client: aioredis.Redis | None = None
         push: PushServer | None = None
         if settings.push_addr:
@@ -128,7 +144,7 @@ def create_app(
                 snapshot_interval_s=settings.push_snapshot_interval_s, clock=clock,
             )  # fmt: skip
             await push.start()
-        proxy = Proxy(settings, store, runtime, metrics, http, tenants, clock)
+        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock)
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
             clock=clock, push=push,
@@ -155,7 +171,7 @@ def create_app(
             await proxy.drain()
             if push is not None:
                 await push.stop()
-            await http.aclose()
+            await upstream.aclose()
             await client.aclose()
             if tail_client is not None:
                 await tail_client.aclose()
@@ -179,21 +195,22 @@ def create_app(
         proxy: Proxy = request.app.state.proxy
         return proxy
 
-    @app.post("/v1/chat/completions", include_in_schema=False)
     async def chat_completions(request: Request) -> Response:
         return await proxy_of(request).chat_completions(request)
 
-    @app.post("/v1/completions", include_in_schema=False)
     async def completions(request: Request) -> Response:
         return await proxy_of(request).completions(request)
 
-    @app.api_route(
-        "/v1/{path:path}",
-        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-        include_in_schema=False,
-    )
     async def passthrough(request: Request) -> Response:
         return await proxy_of(request).passthrough(request)
+
+    # Plain Starlette routes (not FastAPI's): the proxy takes the raw request and returns a raw
+    # response, so FastAPI's dependency solving and serialisation would be pure overhead.
+    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.router.add_route("/v1/completions", completions, methods=["POST"])
+    app.router.add_route(
+        "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+    )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint() -> Response:

@@ -8,7 +8,7 @@ key) are ``SecretStr`` so they never appear in reprs or logs.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     upstream_url: str = "http://127.0.0.1:8001"
     #: Replaces the caller's ``Authorization`` upstream when set (vLLM ``--api-key``).
     upstream_api_key: SecretStr | None = None
+    #: HTTP client for the upstream hop: ``aiohttp`` (fast) or ``httpx``.
+    upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0, le=600)
     #: Longest silence allowed between upstream bytes (a long generation streams, so this is
     #: a read timeout, not a whole-request deadline).

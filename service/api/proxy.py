@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -35,6 +34,7 @@ from service.api.upstream import (
     send_or_disconnect,
     upstream_failure,
 )
+from service.api.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse
 from service.metrics import Metrics
 from service.policy import lifecycle, stop_class
 from service.settings import Settings, TenantSpec
@@ -100,7 +100,7 @@ class Proxy:
         store: StateStore,
         runtime: Runtime,
         metrics: Metrics,
-        http: httpx.AsyncClient,
+        upstream: UpstreamClient,
         tenants: TenantResolver,
         clock: Callable[[], float],
     ) -> None:
@@ -108,7 +108,7 @@ class Proxy:
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
-        self.http = http
+        self.upstream = upstream
         self.tenants = tenants
         self.clock = clock
         key = settings.upstream_api_key
@@ -177,6 +177,11 @@ class Proxy:
             hints = parse_hints(request.headers, body_hints)
             if hints.any and not isinstance(payload, dict):
                 raise HintError("body", "a request with tenure hints needs a JSON object body")
+            if isinstance(payload, dict) and not isinstance(
+                payload.get("kv_transfer_params", {}), dict | None
+            ):
+                # Checked before any state is written: a refused request leaves no trace.
+                raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
             turn = await self._start_turn(route, tenant, hints, payload)
             if turn is not None or had_tenure:
                 body = self._rewrite(payload, turn, hints)
@@ -227,7 +232,8 @@ class Proxy:
             if hints.session is None:
                 return None  # an inferred session cannot be named without Redis
             start = TurnStart(hints.session, 0, "", None, 0, False)
-        decisions.count(self.metrics, decision)
+        if start.seq:
+            decisions.count(self.metrics, decision)
         if start.inferred:
             self.metrics.sessions_inferred.inc()
         observation = start.observation
@@ -274,53 +280,38 @@ class Proxy:
         turn: _Turn | None,
         started: float,
     ) -> Response:
-        upstream_request = self.http.build_request(
-            method,
-            path,
-            headers=forward_headers(request.scope["headers"], self._upstream_auth),
-            content=body,
-        )
+        headers_out = forward_headers(request.scope["headers"], self._upstream_auth)
         overhead = time.perf_counter() - started
+
+        async def exchange() -> tuple[UpstreamResponse, bytes | None]:
+            # One cancellable unit: the request, and for a non-streamed answer its whole body.
+            upstream = await self.upstream.send(method, path, headers_out, body)
+            if upstream.header("content-type").startswith("text/event-stream"):
+                return upstream, None
+            return upstream, await _read_all(upstream)
+
         try:
-            upstream = await send_or_disconnect(
-                self.http.send(upstream_request, stream=True), request.receive
-            )
+            upstream, content = await send_or_disconnect(exchange(), request.receive)
         except ClientGone:
             self.metrics.client_disconnects.inc()
             self.metrics.requests.labels(route, "499").inc()
             return Response(status_code=499)
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             response, kind = upstream_failure(exc)
             self.metrics.upstream_errors.labels(kind).inc()
             self._count(route, response.status_code, overhead, time.perf_counter())
             return response
         resumed = time.perf_counter()
-        status = upstream.status_code
+        status = upstream.status
         headers = response_headers(upstream.headers)
-        streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-        if turn is not None and status < 400 and streaming:
-            on_chunk: Callable[[bytes], None] | None = turn.scan
-        else:
-            on_chunk = None
-
-        if not streaming:
-            try:
-                content = await send_or_disconnect(_read_all(upstream), request.receive)
-            except ClientGone:
-                self.metrics.client_disconnects.inc()
-                self.metrics.requests.labels(route, "499").inc()
-                return Response(status_code=499)
-            except httpx.HTTPError as exc:
-                await upstream.aclose()
-                response, kind = upstream_failure(exc)
-                self.metrics.upstream_errors.labels(kind).inc()
-                self._count(route, response.status_code, overhead, resumed)
-                return response
+        if content is not None:
             if turn is not None and status < 400:
-                _scan_completion(turn, content, upstream.headers)
+                _scan_completion(turn, content, upstream.header("content-encoding"))
                 self._finish_turn(turn)
             self._count(route, status, overhead, resumed)
             return Response(content, status_code=status, headers=headers)
+
+        on_chunk = turn.scan if turn is not None and status < 400 else None
 
         def on_complete(completed: bool) -> None:
             if not completed:
@@ -426,14 +417,15 @@ class Proxy:
         return response
 
 
-async def _read_all(upstream: httpx.Response) -> bytes:
-    chunks = [chunk async for chunk in upstream.aiter_raw()]
-    await upstream.aclose()
-    return b"".join(chunks)
+async def _read_all(upstream: UpstreamResponse) -> bytes:
+    try:
+        return await upstream.read()
+    finally:
+        await upstream.close()
 
 
-def _scan_completion(turn: _Turn, content: bytes, headers: httpx.Headers) -> None:
-    if headers.get("content-encoding"):
+def _scan_completion(turn: _Turn, content: bytes, content_encoding: str) -> None:
+    if content_encoding:
         return  # compressed: leave the stop reason unknown rather than decompress
     try:
         completion = _completion_decoder.decode(content)

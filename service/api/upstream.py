@@ -13,11 +13,11 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
-import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from service.api.errors import openai_error
+from service.api.upstream_client import UpstreamError, UpstreamResponse
 
 __all__ = [
     "ClientGone",
@@ -71,13 +71,13 @@ def forward_headers(
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in _HOP_BY_HOP)
 
 
-def response_headers(headers: httpx.Headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+def response_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {k: v for k, v in headers if k.lower() not in _DROP_RESPONSE}
 
 
-def upstream_failure(exc: httpx.HTTPError) -> tuple[Response, str]:
+def upstream_failure(exc: UpstreamError) -> tuple[Response, str]:
     """502 for an unreachable upstream, 504 for a timed-out one (OpenAI-style bodies)."""
-    if isinstance(exc, httpx.TimeoutException):
+    if exc.kind == "timeout":
         return (
             openai_error(
                 504, "the model server did not answer in time", type_="upstream_timeout",
@@ -87,7 +87,7 @@ def upstream_failure(exc: httpx.HTTPError) -> tuple[Response, str]:
         )  # fmt: skip
     return (
         openai_error(
-            502, f"the model server is unreachable ({type(exc).__name__})",
+            502, f"the model server is unreachable ({exc.detail})",
             type_="upstream_unreachable", code="upstream_unreachable",
         ),
         "unreachable",
@@ -130,7 +130,7 @@ class RelayResponse(Response):
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         *,
         status_code: int,
         headers: Mapping[str, str],
@@ -148,7 +148,7 @@ class RelayResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        chunks: AsyncIterator[bytes] = self._upstream.aiter_raw()
+        chunks: AsyncIterator[bytes] = self._upstream.chunks()
         completed = False
         try:
             async for chunk in chunks:
@@ -156,7 +156,7 @@ class RelayResponse(Response):
                     self._on_chunk(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             completed = True
-        except httpx.HTTPError:
+        except UpstreamError:
             completed = False  # the upstream died mid-stream; end the body, status is sent
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return completed
@@ -181,6 +181,6 @@ class RelayResponse(Response):
                     task.cancel()
             # Closing the upstream response drops its connection: vLLM sees the disconnect
             # and aborts the generation.
-            await self._upstream.aclose()
+            await self._upstream.close()
             if self._on_complete is not None:
                 self._on_complete(completed)

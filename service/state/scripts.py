@@ -5,7 +5,7 @@ Two scripts cover all writes:
 * :data:`TURN_START` runs on the proxy's hot path (one round trip per proxied request): it
   resolves the session (explicit id, or inferred from message-prefix hashes), counts the turn,
   records the gap (or suspension wait) that just ended, and publishes the session's "active"
-  decision with the next sequence number.
+  decision (when the adapter needs it) with the next sequence number.
 * :data:`APPLY` is a guarded update used by everything else (turn end, end / suspend / resume,
   sub-agent spawn): it checks a guard field (the record's ``version`` for read-modify-write
   callers, the ``turn`` for the end of a turn), writes the fields, moves the session in the
@@ -116,12 +116,18 @@ redis.call('ZADD', KEYS[1], now, sid)
 if inferred == 1 and #KEYS >= 8 then
   redis.call('SET', KEYS[8], sid, 'EX', ttl)
 end
-local d = cjson.decode(ARGV[12])
-d['session_id'] = ARGV[5] .. sid
-d['turn'] = turn
-if parent then d['parent'] = ARGV[5] .. parent end
-local seq = publish(d, ARGV[5] .. sid, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-                    tonumber(ARGV[10]), now + ttl, now)
+-- The engine sees an arriving request itself, so "active" only needs publishing when it
+-- changes what the adapter holds: a new session, one leaving suspension (its host TTL timer)
+-- or finish, or a declared last turn.
+local seq = 0
+if prev_state ~= 'idle' and prev_state ~= 'active' or ARGV[8] == '1' then
+  local d = cjson.decode(ARGV[12])
+  d['session_id'] = ARGV[5] .. sid
+  d['turn'] = turn
+  if parent then d['parent'] = ARGV[5] .. parent end
+  seq = publish(d, ARGV[5] .. sid, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+                tonumber(ARGV[10]), now + ttl, now)
+end
 return {sid, turn, prev_state, observed, seq, inferred}
 """
 )

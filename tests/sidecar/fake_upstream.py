@@ -24,7 +24,6 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-
 __all__ = ["FakeUpstream", "ServerThread", "free_port"]
 
 
@@ -68,9 +67,7 @@ class FakeUpstream:
             return
         model = body.get("model", "echo") if isinstance(body, dict) else "echo"
         if model == "error":
-            await _json(
-                send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}}
-            )
+            await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})
             return
         if model == "slow":
             await asyncio.sleep(self.slow_s)

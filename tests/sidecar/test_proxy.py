@@ -72,7 +72,6 @@ def test_body_hints_removed_and_client_kv_params_merged(upstream, client):
 
 def test_streaming_is_relayed_chunk_by_chunk_and_turn_end_recorded(upstream, client):
     """SSE bytes arrive unchanged; the stream's finish_reason decides the session's next state."""
-    fake, _ = upstream
     with client.stream(
         "POST", CHAT, json=_chat("tool", stream=True), headers={"X-Tenure-Session": "st"}
     ) as reply:
@@ -118,7 +117,7 @@ def test_upstream_error_status_and_body_kept(upstream, client):
 
 
 def test_unreachable_upstream_gives_502(sidecar_factory, redis_url):
-    from fake_upstream import free_port
+    from tests.sidecar.fake_upstream import free_port
 
     server = sidecar_factory(upstream_url=f"http://127.0.0.1:{free_port()}")
     with httpx.Client(base_url=server.url) as http:
