@@ -163,9 +163,10 @@ class StackConfig:
     push_port: int = 0
     #: The engine's own KV pool and the host tier, in 128-token blocks (small: so offloading
     #: and the gate have work to do even in a short demo).
-    gpu_blocks: int = 10
+    gpu_blocks: int = 6
     host_blocks: int = 12
-    max_model_len: int = 1024
+    #: (gpu_blocks - 1) * 128: the longest context the small pool can hold.
+    max_model_len: int = 640
     engine_timeout_s: float = 240.0
     #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     report_interval_s: float = 0.5
