@@ -37,11 +37,11 @@ def free_port() -> int:
 class RedisProcess:
     """One ``redis-server`` child process; ``stop()`` then ``start()`` reuses the same port.
 
-    Persistence is off (no RDB, no AOF), so a killed server comes back empty: fault tests see
-    exactly what a crash of a non-persistent Redis does.
+    Persistence is off by default (no RDB, no AOF), so a killed server comes back empty;
+    ``persistent=True`` keeps an fsync-always AOF so it comes back with its data.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, persistent: bool = False) -> None:
         executable = shutil.which("redis-server")
         if executable is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -51,6 +51,9 @@ class RedisProcess:
         # A port chosen by us may be re-picked if another process grabs it first; once the
         # server has run on a port (or the caller fixed it), restarts must keep it.
         self._port_fixed = port is not None
+        # Persistent servers fsync every write to an append-only file, so a killed server
+        # comes back with everything it acknowledged (fault tests check nothing is lost).
+        self.persistent = persistent
         self._tmp = tempfile.TemporaryDirectory(prefix="tenure-redis-")
         self.directory = Path(self._tmp.name)
         self._process: subprocess.Popen[bytes] | None = None
@@ -78,7 +81,8 @@ class RedisProcess:
                     "--bind", self.host,
                     "--dir", str(self.directory),
                     "--save", "",
-                    "--appendonly", "no",
+                    "--appendonly", "yes" if self.persistent else "no",
+                    "--appendfsync", "always",
                     "--daemonize", "no",
                     "--protected-mode", "yes",
                     "--loglevel", "warning",
@@ -155,12 +159,12 @@ def redis_url(redis_server: RedisProcess) -> str:
 
 
 @pytest.fixture
-def redis_process_factory() -> Iterator[Callable[[], RedisProcess]]:
+def redis_process_factory() -> Iterator[Callable[..., RedisProcess]]:
     """Private, killable servers for fault tests; each is stopped and removed afterwards."""
     made: list[RedisProcess] = []
 
-    def make() -> RedisProcess:
-        server = RedisProcess().start()
+    def make(*, persistent: bool = False) -> RedisProcess:
+        server = RedisProcess(persistent=persistent).start()
         made.append(server)
         return server
 

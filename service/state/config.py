@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from service.policy import policy_names
 from service.policy.lifecycle import RetentionSettings
@@ -30,13 +30,18 @@ class PriceConfig(BaseModel):
         default=DEFAULT_PRICE.alpha1, gt=0, le=1e6, allow_inf_nan=False
     )
     beta2_gpu_s: float = Field(default=DEFAULT_PRICE.beta2, ge=0, le=1e6, allow_inf_nan=False)
-    beta3_gpu_s: float = Field(default=DEFAULT_PRICE.beta3, ge=0, le=1e6, allow_inf_nan=False)
+    beta3_gpu_s: float = Field(
+        default=DEFAULT_PRICE.beta3, ge=0, le=1e6, allow_inf_nan=False, validate_default=True
+    )
 
-    @model_validator(mode="after")
-    def _recompute_costs_more(self) -> PriceConfig:
-        if self.beta3_gpu_s < self.beta2_gpu_s:
+    @field_validator("beta3_gpu_s")
+    @classmethod
+    def _recompute_costs_more(cls, value: float, info: ValidationInfo) -> float:
+        # A field validator (not a model one) so the 422 names the field.
+        beta2 = info.data.get("beta2_gpu_s")
+        if beta2 is not None and value < beta2:
             raise ValueError("beta3_gpu_s (recompute) must be >= beta2_gpu_s (host resume)")
-        return self
+        return value
 
     def vector(self) -> PriceVector:
         return PriceVector(self.alpha1_gpu_s_per_s, self.beta2_gpu_s, self.beta3_gpu_s)
@@ -80,7 +85,9 @@ class RuntimeConfig(BaseModel):
     w_ref_s: float = Field(default=1800.0, gt=0, le=30 * 86400, allow_inf_nan=False)
     lambda_mode: Literal["auto", "fixed"] = "auto"
     #: The suspension rate used when ``lambda_mode`` is ``fixed``, per second.
-    lambda_fixed_per_s: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    lambda_fixed_per_s: float | None = Field(
+        default=None, ge=0, le=1e6, allow_inf_nan=False, validate_default=True
+    )
     price: PriceConfig = Field(default_factory=lambda: PriceConfig())
     overdue_slack_s: float = Field(default=30.0, ge=0, le=86400, allow_inf_nan=False)
     version: int = Field(default=0, ge=0)
@@ -98,11 +105,12 @@ class RuntimeConfig(BaseModel):
                 raise ValueError(f"capacity of tier {tier!r} must be 0..2^60 bytes")
         return _check_tiers(value)
 
-    @model_validator(mode="after")
-    def _fixed_needs_value(self) -> RuntimeConfig:
-        if self.lambda_mode == "fixed" and self.lambda_fixed_per_s is None:
+    @field_validator("lambda_fixed_per_s")
+    @classmethod
+    def _fixed_needs_value(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if info.data.get("lambda_mode") == "fixed" and value is None:
             raise ValueError("lambda_mode 'fixed' needs lambda_fixed_per_s")
-        return self
+        return value
 
     def retention(self) -> RetentionSettings:
         return RetentionSettings(

@@ -7,10 +7,10 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
 from service.app import create_app
 from service.settings import Settings
+from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
 ADMIN_TOKEN = "test-admin-token"
 
