@@ -33,6 +33,7 @@ __all__ = [
     "StackError",
     "free_port",
     "http_json",
+    "http_ok",
     "scrape",
 ]
 
@@ -82,7 +83,7 @@ def scrape(url: str, timeout: float = 10.0) -> dict[str, float]:
     return out
 
 
-def _ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2.0) as response:
             return bool(200 <= response.status < 300)
@@ -169,6 +170,8 @@ class StackConfig:
     max_model_len: int = 640
     engine_timeout_s: float = 240.0
     #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
+    #: Use this Redis instead of starting one (e.g. a test's server).
+    external_redis_url: str | None = None
     report_interval_s: float = 0.5
     hello_interval_s: float = 1.0
     snapshot_interval_s: float = 2.0
@@ -201,6 +204,8 @@ class LocalStack:
 
     @property
     def redis_url(self) -> str:
+        if self.config.external_redis_url:
+            return self.config.external_redis_url
         return f"redis://127.0.0.1:{self.config.redis_port}/0"
 
     @property
@@ -271,7 +276,7 @@ class LocalStack:
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
         self.engine = ManagedProcess("vllm", argv, self.logs / "vllm.log", env=CPU_ENGINE_ENV)
         self.engine.start().wait_until(
-            lambda: _ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
+            lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
         )
 
     def start_sidecar(self) -> None:
@@ -286,12 +291,13 @@ class LocalStack:
         argv = [sys.executable, "-m", "service.cli", "serve", "--dev"]
         argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
         self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
-        self.sidecar.start().wait_until(lambda: _ok(f"{self.proxy_url}/healthz"), 60)
+        self.sidecar.start().wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)
 
     def start(self) -> LocalStack:
         self.config.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self.start_redis()
+            if not self.config.external_redis_url:
+                self.start_redis()
             self.ensure_model()
             # The sidecar binds the push channel first, so the adapter connects at once.
             self.start_sidecar()
@@ -314,6 +320,25 @@ class LocalStack:
                     return str(fresh[0])
             time.sleep(0.25)
         raise StackError(f"no engine adapter reached the sidecar's push channel in {timeout:.0f}s")
+
+    def restart_sidecar(self, *, kill: bool = True) -> None:
+        """Kill (or stop) the sidecar and start it again on the same ports."""
+        if self.sidecar is not None:
+            self.sidecar.stop(kill=kill)
+        self.start_sidecar()
+
+    def restart_engine(self, *, kill: bool = True) -> str:
+        """Kill (or stop) the vLLM server, start it again; returns the new adapter's id."""
+        known = frozenset(self.adapters())
+        if self.engine is not None:
+            self.engine.stop(kill=kill)
+        self.start_engine()
+        return self.wait_for_adapter(exclude=known)
+
+    def adapters(self) -> list[str]:
+        """Adapter ids the sidecar heard from recently."""
+        health = http_json("GET", f"{self.proxy_url}/healthz", timeout=5)
+        return [str(a) for a in health["push_adapters"]]
 
     def stop(self) -> None:
         for component in (self.sidecar, self.engine, self.redis):
