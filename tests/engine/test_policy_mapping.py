@@ -1,0 +1,189 @@
+"""The adapter policy's key <-> session mapping, through vLLM's real offloading managers.
+
+No engine: the managers (vLLM's ``CPUOffloadingManager`` and Tenure's subclass) are driven with
+the calls the offloading scheduler makes, and the books are checked against each other after
+every step: vLLM's chunk pool, the policy's chunks, the core tier's residency.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _plugin():
+    from engine_adapter.plugin import register
+
+    register()
+
+
+def key(owner: int, index: int) -> bytes:
+    return (owner * 10_000 + index + 1).to_bytes(32, "big") + b"\0\0\0\0"
+
+
+def make_ctx(req_id: str, keys: list[bytes], tags: dict | None):
+    from vllm.v1.kv_offload.base import ReqContext
+
+    ctx = ReqContext(req_id=req_id, kv_transfer_params={"tenure": tags} if tags else None)
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, (i + 1) * BLOCK)
+    return ctx
+
+
+def tenure_manager(capacity: int, policy: str = "tenure"):
+    from engine_adapter.manager import TenureOffloadingManager
+
+    return TenureOffloadingManager(num_chunks=capacity, cache_policy=policy, block_tokens=BLOCK)
+
+
+def serve(manager, req_id: str, keys: list[bytes], tags: dict | None = None) -> bool:
+    """One request as the scheduler drives it: lookup/load the hit prefix, store the rest,
+    complete the transfers, finish. Returns whether the store was admitted."""
+    ctx = make_ctx(req_id, keys, tags)
+    manager.on_new_request(ctx)
+    hit = 0
+    for k in keys:
+        if manager.lookup(k, ctx).name != "HIT":
+            break
+        hit += 1
+    if hit:
+        manager.prepare_load(keys[:hit], ctx)
+        manager.complete_load(keys[:hit], ctx)
+    out = manager.prepare_store(keys[hit:], ctx) if keys[hit:] else None
+    if out is not None:
+        manager.complete_store(out.keys_to_store, ctx)
+    manager.on_request_finished(ctx)
+    return out is not None
+
+
+def check_books(manager) -> None:
+    policy = manager._policy
+    allocated = manager._num_allocated_chunks - len(manager._free_list)
+    assert allocated == len(policy.chunks), "vLLM's pool and the policy disagree"
+    from engine_adapter.policy import TenureCachePolicy
+
+    tenure = policy if isinstance(policy, TenureCachePolicy) else None
+    if tenure is None:
+        return
+    resident = [k for k in tenure.chunks if k in tenure._loc]
+    # Under vLLM's stock manager an offer the manager dropped before evict() stays staged
+    # until the next offer rolls it back; Tenure's manager rolls it back at once.
+    staged = [k for k in tenure._staged if k not in tenure.chunks]
+    if getattr(manager, "tenure", None) is not None:
+        assert not staged
+    assert tenure.tier.used == len(resident) + len(staged)
+    assert set(tenure.chunks) == set(resident) | set(tenure._doomed)
+    for k in resident + staged:
+        seg, index = tenure._loc[k]
+        assert tenure.tier.is_resident(seg, index)
+
+
+def test_last_turn_reclaims_own_blocks_but_a_live_sharer_inherits_the_prefix():
+    manager = tenure_manager(capacity=32)
+    policy = manager.tenure
+    system = [key(0, i) for i in range(2)]
+    a = system + [key(1, i) for i in range(2, 5)]
+    b = system + [key(2, i) for i in range(2, 4)]
+    serve(manager, "a1", a, {"session_id": "A", "expected_gap_ms": 1000})
+    serve(manager, "b1", b, {"session_id": "B", "expected_gap_ms": 1000})
+    assert policy.resident_blocks("A") == 5 and policy.resident_blocks("B") == 2
+    serve(manager, "a2", a, {"session_id": "A", "last_turn": True})
+    check_books(manager)
+    assert policy.resident_blocks("A") == 0
+    # B still uses the shared system prompt: it now owns it instead of losing it.
+    assert policy.resident_blocks("B") == 4
+    assert all(manager.lookup(k, make_ctx("q", b, None)).name == "HIT" for k in b)
+    assert policy.stats["inherited_blocks"] == 2
+    assert policy.stats["evicted_blocks_reclaim"] == 3
+
+
+def test_same_position_different_content_forks_the_segment():
+    manager = tenure_manager(capacity=32)
+    policy = manager.tenure
+    first = [key(1, i) for i in range(3)]
+    edited = [key(1, 0), key(9, 1), key(9, 2)]  # the context was edited after block 0
+    serve(manager, "r1", first, {"session_id": "S"})
+    serve(manager, "r2", edited, {"session_id": "S"})
+    check_books(manager)
+    assert policy.resident_blocks("S") == 5
+    assert all(policy.get(k) is not None for k in first + edited)
+
+
+def test_reclaim_of_a_block_being_loaded_waits_for_the_load():
+    manager = tenure_manager(capacity=8)
+    policy = manager.tenure
+    keys = [key(1, i) for i in range(3)]
+    serve(manager, "r1", keys, {"session_id": "S", "expected_gap_ms": 1000})
+    ctx = make_ctx("r2", keys, {"session_id": "S", "last_turn": True})
+    manager.on_new_request(ctx)
+    manager.prepare_load(keys, ctx)  # pinned by an in-flight load
+    manager.on_request_finished(ctx)  # the last turn finishes while its load is in flight
+    check_books(manager)
+    assert all(policy.get(k) is not None for k in keys), "a pinned chunk must not be freed"
+    manager.complete_load(keys, ctx)
+    check_books(manager)
+    assert all(policy.get(k) is None for k in keys)
+    assert manager._get_num_free_chunks() == 8
+
+
+def test_untagged_continuation_is_inferred_by_prefix_chain():
+    manager = tenure_manager(capacity=32)
+    policy = manager.tenure
+    system = [key(0, i) for i in range(2)]
+    convo = system + [key(1, i) for i in range(2, 4)]
+    serve(manager, "u1", convo)
+    (anon,) = [s for s, _ in policy.tier.resident_sessions()]
+    serve(manager, "u2", convo + [key(1, 4), key(1, 5)])  # the same conversation, next turn
+    assert policy.resident_blocks(anon) == 6
+    other = system + [key(2, i) for i in range(2, 4)]  # shares only the system prompt
+    serve(manager, "u3", other)
+    assert len(list(policy.tier.resident_sessions())) == 2
+    check_books(manager)
+
+
+@pytest.mark.parametrize("policy_name", ["tenure", "tenure-lru", "tenure-tags-off", "ttl"])
+def test_random_traffic_keeps_books_consistent(policy_name):
+    rng = random.Random(policy_name)
+    manager = tenure_manager(capacity=24, policy=policy_name)
+    contexts: dict[int, list[bytes]] = {}
+    serial = 0
+    for step in range(400):
+        slot = rng.randrange(8)
+        if slot not in contexts or rng.random() < 0.1:
+            serial += 1
+            contexts[slot] = [key(0, 0)] + [key(serial, 1)]
+        ctx_keys = contexts[slot]
+        ctx_keys += [key(serial * 100 + slot, len(ctx_keys) + j) for j in range(rng.randint(1, 4))]
+        tags = None
+        if rng.random() < 0.8:
+            tags = {"session_id": f"s{slot}-{serial}", "expected_gap_ms": rng.randint(0, 60000)}
+            if rng.random() < 0.15:
+                tags["last_turn"] = True
+        serve(manager, f"r{step}", ctx_keys[:40], tags)
+        if tags and tags.get("last_turn"):
+            contexts.pop(slot)
+        check_books(manager)
+
+
+def test_stock_manager_with_tenure_policy_stays_consistent():
+    """``eviction_policy: tenure`` under vLLM's stock manager (no out-of-band frees)."""
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    rng = random.Random(5)
+    manager = CPUOffloadingManager(num_chunks=16, cache_policy="tenure")
+    policy = manager._policy
+    for step in range(200):
+        owner = rng.randrange(6)
+        keys = [key(owner, i) for i in range(rng.randint(1, 6))]
+        tags = {"session_id": f"s{owner}", "expected_gap_ms": 5000}
+        if rng.random() < 0.2:
+            tags["last_turn"] = True
+        serve(manager, f"r{step}", keys, tags)
+        check_books(manager)
+        assert len(policy.chunks) <= 16
