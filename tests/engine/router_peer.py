@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -53,12 +54,12 @@ class RouterPeer:
         with self._lock:
             return list(dict.fromkeys(ident for ident, _ in self.received))
 
-    def messages(self, kind: type) -> list:
+    def messages(self, kind: type) -> list[Any]:
         with self._lock:
             return [m for _, m in self.received if isinstance(m, kind)]
 
     def decide(
-        self, session_id: str, state: str, *, skip_seq: bool = False, resend: bool = False, **fields
+        self, session_id: str, state: Any, *, skip_seq: bool = False, resend: bool = False, **fields
     ) -> Decision:
         """Publish a decision to every adapter heard from (``skip_seq`` simulates a loss,
         ``resend`` repeats the newest decision's sequence number: a duplicate)."""
@@ -115,8 +116,8 @@ class RouterPeer:
             with self._lock:
                 outbox, self._outbox = self._outbox, []
                 targets = list(dict.fromkeys(ident for ident, _ in self.received))
-            for ident, message in outbox:
-                for target in [ident] if ident is not None else targets:
+            for dest, message in outbox:
+                for target in [dest] if dest is not None else targets:
                     self._sock.send_multipart([target, encode(message)])
 
 

@@ -8,6 +8,7 @@ every step: vLLM's chunk pool, the policy's chunks, the core tier's residency.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -23,11 +24,11 @@ def _plugin():
     register()
 
 
-def key(owner: int, index: int) -> bytes:
+def key(owner: int, index: int) -> Any:
     return (owner * 10_000 + index + 1).to_bytes(32, "big") + b"\0\0\0\0"
 
 
-def make_ctx(req_id: str, keys: list[bytes], tags: dict | None):
+def make_ctx(req_id: str, keys: list[Any], tags: dict[str, Any] | None) -> Any:
     from vllm.v1.kv_offload.base import ReqContext
 
     ctx = ReqContext(req_id=req_id, kv_transfer_params={"tenure": tags} if tags else None)
@@ -42,7 +43,7 @@ def tenure_manager(capacity: int, policy: str = "tenure"):
     return TenureOffloadingManager(num_chunks=capacity, cache_policy=policy, block_tokens=BLOCK)
 
 
-def serve(manager, req_id: str, keys: list[bytes], tags: dict | None = None) -> bool:
+def serve(manager: Any, req_id: str, keys: list[Any], tags: dict[str, Any] | None = None) -> bool:
     """One request as the scheduler drives it: lookup/load the hit prefix, store the rest,
     complete the transfers, finish. Returns whether the store was admitted."""
     ctx = make_ctx(req_id, keys, tags)
@@ -139,7 +140,7 @@ def test_untagged_continuation_is_inferred_by_prefix_chain():
     convo = system + [key(1, i) for i in range(2, 4)]
     serve(manager, "u1", convo)
     (anon,) = [s for s, _ in policy.tier.resident_sessions()]
-    serve(manager, "u2", convo + [key(1, 4), key(1, 5)])  # the same conversation, next turn
+    serve(manager, "u2", [*convo, key(1, 4), key(1, 5)])  # the same conversation, next turn
     assert policy.resident_blocks(anon) == 6
     other = system + [key(2, i) for i in range(2, 4)]  # shares only the system prompt
     serve(manager, "u3", other)
@@ -157,7 +158,7 @@ def test_random_traffic_keeps_books_consistent(policy_name):
         slot = rng.randrange(8)
         if slot not in contexts or rng.random() < 0.1:
             serial += 1
-            contexts[slot] = [key(0, 0)] + [key(serial, 1)]
+            contexts[slot] = [key(0, 0), key(serial, 1)]
         ctx_keys = contexts[slot]
         ctx_keys += [key(serial * 100 + slot, len(ctx_keys) + j) for j in range(rng.randint(1, 4))]
         tags = None
@@ -177,7 +178,7 @@ def test_stock_manager_with_tenure_policy_stays_consistent():
 
     rng = random.Random(5)
     manager = CPUOffloadingManager(num_chunks=16, cache_policy="tenure")
-    policy = manager._policy
+    policy: Any = manager._policy
     for step in range(200):
         owner = rng.randrange(6)
         keys = [key(owner, i) for i in range(rng.randint(1, 6))]
