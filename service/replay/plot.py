@@ -35,8 +35,9 @@ def plot_ladder(ladder: Mapping[str, Any], path: Path) -> None:
     ax1.bar(names, p95, yerr=err, color=colors, capsize=3)
     ax1.set_ylabel("p95 turn completion time (s)")
     cfg = ladder["config"]
+    trace = Path(str(cfg.get("trace", ""))).parent.name
     ax1.set_title(
-        f"{cfg.get('trace', '')} on {cfg['hardware']}: {cfg['arrival_rate']} sessions/s, "
+        f"{trace} on {cfg['hardware']}: {cfg['arrival_rate']} sessions/s, "
         f"host {cfg['host_gib']} GiB, p95 live WS {cfg['p95_live_working_set_gib']:.0f} GiB, "
         f"seeds {cfg['seeds']}",
         fontsize=9,
