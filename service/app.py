@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from starlette.responses import Response
+from starlette.routing import Route
 
 from service.api import admin, sessions
 from service.api.deps import Services
@@ -206,8 +207,10 @@ def create_app(
 
     # Plain Starlette routes (not FastAPI's): the proxy takes the raw request and returns a raw
     # response, so FastAPI's dependency solving and serialisation would be pure overhead.
-    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.router.add_route("/v1/completions", completions, methods=["POST"])
+    # The two hot routes go first: the router tries routes in order.
+    app.router.routes.insert(0, Route("/v1/chat/completions", chat_completions, methods=["POST"]))
+    app.router.routes.insert(1, Route("/v1/completions", completions, methods=["POST"]))
+    # Last, so /v1/sessions/... is matched by the lifecycle routes first.
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
     )

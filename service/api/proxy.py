@@ -114,6 +114,7 @@ class Proxy:
         key = settings.upstream_api_key
         self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
         self._pending: set[asyncio.Task[None]] = set()
+        self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
             for route in ("chat", "completions", "passthrough")
@@ -408,7 +409,12 @@ class Proxy:
         )
 
     def _count(self, route: str, status: int, overhead: float, resumed: float) -> None:
-        self.metrics.requests.labels(route, str(status)).inc()
+        counter = self._request_counters.get((route, status))
+        if counter is None:
+            counter = self._request_counters[(route, status)] = self.metrics.requests.labels(
+                route, str(status)
+            )
+        counter.inc()
         self._latency[route].observe(overhead + (time.perf_counter() - resumed))
 
     def _done(self, route: str, response: Response, started: float) -> Response:

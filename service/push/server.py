@@ -78,6 +78,7 @@ class PushServer:
         self.clock = clock
         self.bound_addr = ""
         self.last_sent_seq = 0
+        self._forwarded_seq = 0
         self._ctx = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
         self._peers: dict[bytes, _Peer] = {}
@@ -254,6 +255,13 @@ class PushServer:
                 continue
             for entry_id, decision in entries:
                 last_id = entry_id
+                if decision.seq <= self._forwarded_seq:
+                    # The stream's sequence went backwards: Redis lost its data (a restart
+                    # without persistence). Adapters would take the new numbers for stale
+                    # duplicates, so hand them a snapshot carrying the new sequence first.
+                    self.last_sent_seq = 0
+                    await self.broadcast_snapshot()
+                self._forwarded_seq = decision.seq
                 await self._broadcast_decision(decision)
 
     async def _snapshot_loop(self) -> None:

@@ -15,6 +15,10 @@ Decisions are JSON objects built by the caller (from the decision core); the scr
 ``seq`` (and ``turn`` on the hot path), appends to the bounded stream, updates the decision table
 that push snapshots are made from, and garbage-collects table entries of expired sessions.
 
+Arguments travel as one JSON array of strings (``A`` below, decoded once in the script) rather
+than as a dozen separate ``ARGV`` values: client-side encoding of each command argument was the
+largest single cost of the proxy's Redis round trip.
+
 Keys are passed in ``KEYS`` (built by :mod:`service.state.keys`); the one exception is the
 session key on the hot path when the session is inferred, which the script completes from a
 key prefix the caller built, because the id is only known inside the script.
@@ -46,7 +50,8 @@ end
 #: KEYS: 1 live index, 2 dseq, 3 decisions stream, 4 decision table, 5 table gc, 6 gap
 #:       observations, 7 waits, 8.. prefix-hash keys (own full hash first, then shorter
 #:       prefixes newest first; empty list when the session is explicit)
-#: ARGV: 1 now, 2 explicit session id or '', 3 session key prefix, 4 id for a new inferred
+#: A (ARGV[1], a JSON array of strings; ARGV[2] is the decision JSON): 1 now, 2 explicit
+#:       session id or '', 3 session key prefix, 4 id for a new inferred
 #:       session, 5 scoped-id prefix ("tenant/"), 6 segment or '', 7 parent or '',
 #:       8 last_turn '1'/'0', 9 session ttl s, 10 stream maxlen, 11 list maxlen,
 #:       12 decision JSON (seq/turn/session filled here)
@@ -55,8 +60,10 @@ end
 TURN_START = (
     _PUBLISH
     + """
-local now = tonumber(ARGV[1])
-local sid = ARGV[2]
+local A = cjson.decode(ARGV[1])
+A[12] = ARGV[2]
+local now = tonumber(A[1])
+local sid = A[2]
 local inferred = 0
 if sid == '' then
   inferred = 1
@@ -64,11 +71,11 @@ if sid == '' then
     local found = redis.call('GET', KEYS[i])
     if found then sid = found; break end
   end
-  if sid == '' then sid = ARGV[4] end
+  if sid == '' then sid = A[4] end
 end
-local skey = ARGV[3] .. sid
-local ttl = tonumber(ARGV[9])
-local listmax = tonumber(ARGV[11]) - 1
+local skey = A[3] .. sid
+local ttl = tonumber(A[9])
+local listmax = tonumber(A[11]) - 1
 local prev = redis.call('HMGET', skey, 'state', 'turn', 'last_end', 'stop_reason', 'tool',
                         'expected_gap_s', 'suspended_at', 'parent', 'created_at', 'segments')
 local prev_state = prev[1] or ''
@@ -87,24 +94,24 @@ elseif prev_state == 'suspended' and prev[7] then
   redis.call('LPUSH', KEYS[7], string.format('%.6f', wait))
   redis.call('LTRIM', KEYS[7], 0, listmax)
 end
-local fields = {'state', 'active', 'turn', turn, 'last_activity', ARGV[1],
-                'last_turn', ARGV[8], 'id', sid}
+local fields = {'state', 'active', 'turn', turn, 'last_activity', A[1],
+                'last_turn', A[8], 'id', sid}
 if not prev[9] then
-  table.insert(fields, 'created_at'); table.insert(fields, ARGV[1])
+  table.insert(fields, 'created_at'); table.insert(fields, A[1])
   table.insert(fields, 'inferred'); table.insert(fields, tostring(inferred))
 end
 local parent = prev[8]
-if ARGV[7] ~= '' and not parent then
-  parent = ARGV[7]
+if A[7] ~= '' and not parent then
+  parent = A[7]
   table.insert(fields, 'parent'); table.insert(fields, parent)
 end
-if ARGV[6] ~= '' then
+if A[6] ~= '' then
   local segs = {}
   if prev[10] then segs = cjson.decode(prev[10]) end
   local seen = false
-  for _, s in ipairs(segs) do if s == ARGV[6] then seen = true end end
+  for _, s in ipairs(segs) do if s == A[6] then seen = true end end
   if not seen and #segs < 256 then
-    table.insert(segs, ARGV[6])
+    table.insert(segs, A[6])
     table.insert(fields, 'segments'); table.insert(fields, cjson.encode(segs))
   end
 end
@@ -120,13 +127,13 @@ end
 -- changes what the adapter holds: a new session, one leaving suspension (its host TTL timer)
 -- or finish, or a declared last turn.
 local seq = 0
-if prev_state ~= 'idle' and prev_state ~= 'active' or ARGV[8] == '1' then
-  local d = cjson.decode(ARGV[12])
-  d['session_id'] = ARGV[5] .. sid
+if prev_state ~= 'idle' and prev_state ~= 'active' or A[8] == '1' then
+  local d = cjson.decode(A[12])
+  d['session_id'] = A[5] .. sid
   d['turn'] = turn
-  if parent then d['parent'] = ARGV[5] .. parent end
-  seq = publish(d, ARGV[5] .. sid, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-                tonumber(ARGV[10]), now + ttl, now)
+  if parent then d['parent'] = A[5] .. parent end
+  seq = publish(d, A[5] .. sid, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+                tonumber(A[10]), now + ttl, now)
 end
 return {sid, turn, prev_state, observed, seq, inferred}
 """
@@ -134,7 +141,8 @@ return {sid, turn, prev_state, observed, seq, inferred}
 
 #: KEYS: 1 session, 2 live index, 3 dseq, 4 decisions stream, 5 decision table, 6 table gc,
 #:       7 a bounded list to push to (waits / suspensions) or the session key again if none
-#: ARGV: 1 now, 2 guard field ('' none), 3 guard value ('' = the record must not exist),
+#: A (ARGV[1], a JSON array of strings): 1 now, 2 guard field ('' none), 3 guard value
+#:       ('' = the record must not exist),
 #:       4 fields JSON object, 5 deleted fields JSON list, 6 live score ('' = remove,
 #:       '=' = keep),
 #:       7 ttl s, 8 scoped id, 9 decision JSON or '', 10 stream maxlen, 11 session id,
@@ -143,41 +151,42 @@ return {sid, turn, prev_state, observed, seq, inferred}
 APPLY = (
     _PUBLISH
     + """
-local now = tonumber(ARGV[1])
+local A = cjson.decode(ARGV[1])
+local now = tonumber(A[1])
 local exists = redis.call('EXISTS', KEYS[1]) == 1
-if ARGV[3] == '' and ARGV[2] ~= '' then
+if A[3] == '' and A[2] ~= '' then
   if exists then return {-2, 0} end
-elseif ARGV[14] == '1' and not exists then
+elseif A[14] == '1' and not exists then
   return {-1, 0}
 end
-if ARGV[2] ~= '' and ARGV[3] ~= '' then
-  local current = redis.call('HGET', KEYS[1], ARGV[2])
-  if current ~= ARGV[3] then return {0, 0} end
+if A[2] ~= '' and A[3] ~= '' then
+  local current = redis.call('HGET', KEYS[1], A[2])
+  if current ~= A[3] then return {0, 0} end
 end
-local fields = cjson.decode(ARGV[4])
+local fields = cjson.decode(A[4])
 local flat = {}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 if #flat > 0 then redis.call('HSET', KEYS[1], unpack(flat)) end
-local deleted = cjson.decode(ARGV[5])
+local deleted = cjson.decode(A[5])
 if #deleted > 0 then redis.call('HDEL', KEYS[1], unpack(deleted)) end
 redis.call('HINCRBY', KEYS[1], 'version', 1)
-local ttl = tonumber(ARGV[7])
+local ttl = tonumber(A[7])
 redis.call('EXPIRE', KEYS[1], ttl)
-if ARGV[6] == '' then
-  redis.call('ZREM', KEYS[2], ARGV[11])
-elseif ARGV[6] == '=' then
+if A[6] == '' then
+  redis.call('ZREM', KEYS[2], A[11])
+elseif A[6] == '=' then
   -- unchanged position in the live index
 else
-  redis.call('ZADD', KEYS[2], ARGV[6], ARGV[11])
+  redis.call('ZADD', KEYS[2], A[6], A[11])
 end
-if ARGV[12] ~= '' then
-  redis.call('LPUSH', KEYS[7], ARGV[12])
-  redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[13]) - 1)
+if A[12] ~= '' then
+  redis.call('LPUSH', KEYS[7], A[12])
+  redis.call('LTRIM', KEYS[7], 0, tonumber(A[13]) - 1)
 end
 local seq = 0
-if ARGV[9] ~= '' then
-  seq = publish(cjson.decode(ARGV[9]), ARGV[8], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-                tonumber(ARGV[10]), now + ttl, now)
+if A[9] ~= '' then
+  seq = publish(cjson.decode(A[9]), A[8], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+                tonumber(A[10]), now + ttl, now)
 end
 return {1, seq}
 """

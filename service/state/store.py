@@ -165,7 +165,7 @@ class StateStore:
         ]
         if session is None:
             keys.extend(k.prefix_hash(tenant, digest) for digest in prefix_digests)
-        args: list[str | int | bytes] = [
+        packed = [
             repr(now),
             session or "",
             k.session(tenant, ""),
@@ -174,11 +174,11 @@ class StateStore:
             segment or "",
             parent or "",
             "1" if last_turn else "0",
-            self.limits.session_ttl_s,
-            self.limits.decision_stream_maxlen,
-            self.limits.list_maxlen,
-            decision_body(decision),
+            str(self.limits.session_ttl_s),
+            str(self.limits.decision_stream_maxlen),
+            str(self.limits.list_maxlen),
         ]
+        args = [_json_encode(packed), decision_body(decision)]
         raw = await self._call("turn_start", lambda: self._turn_start(keys=keys, args=args))
         sid, turn, prev_state, observed, seq, inferred = raw
         return TurnStart(
@@ -222,22 +222,23 @@ class StateStore:
             push_key,
         ]
         ttl = update.ttl_s if update.ttl_s is not None else self.limits.session_ttl_s
-        args: list[str | int | bytes] = [
+        packed = [
             repr(now),
             guard_field,
             guard_value,
-            _json_encode(update.fields),
-            _json_encode(update.deleted),
+            _json_encode(update.fields).decode(),
+            _json_encode(update.deleted).decode(),
             "=" if update.keep_live else _score(update.live_score),
-            ttl,
+            str(ttl),
             scoped_session_id(tenant, session),
-            decision_body(update.decision) if update.decision is not None else "",
-            self.limits.decision_stream_maxlen,
+            decision_body(update.decision).decode() if update.decision is not None else "",
+            str(self.limits.decision_stream_maxlen),
             session,
             push_value,
-            self.limits.wait_samples_maxlen,
+            str(self.limits.wait_samples_maxlen),
             "0" if create else "1",
         ]
+        args = [_json_encode(packed)]
         raw = await self._call("apply", lambda: self._apply(keys=keys, args=args))
         return int(raw[0]), int(raw[1])
 
