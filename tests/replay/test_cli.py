@@ -45,6 +45,7 @@ def test_bad_input_is_one_line_exit_2(
     _fails(capsys, [*base, "--host-gib", "-4"], "--host-gib must be a non-negative")
     _fails(capsys, [*base, "--seeds", "1,x"], "--seeds")
     _fails(capsys, [*base, "--max-sessions", "0"], "--max-sessions")
+    _fails(capsys, [*base, "--policies", "lru,tenure", "--paired-vs", "ttl"], "--paired-vs ttl")
     truncated = tmp_path / "cut.jsonl.gz"
     truncated.write_bytes(claude_path.read_bytes()[:20000])
     _fails(capsys, ["replay", "ladder", "--trace", str(truncated)], f"{truncated}:")
@@ -91,6 +92,8 @@ def test_ladder_writes_the_documented_json(
         str(out),
         "--plot",
         str(plot),
+        "--paired-vs",
+        "lru,notier,tenure",
     ]
     assert main(argv) == 0
     table = capsys.readouterr().out
@@ -103,7 +106,7 @@ def test_ladder_writes_the_documented_json(
         assert set(result) >= RESULT_KEYS
         lo, hi = result["p95_jct_ci"]
         assert lo <= result["p95_jct_s"] <= hi
-    assert set(doc["paired_delta_p95_vs"]) == {"lru", "notier"}
+    assert set(doc["paired_delta_p95_vs"]) == {"lru", "notier", "tenure"}
     assert doc["paired_delta_p95_vs"]["lru"]["lru"] == [0.0, 0.0, 0.0]
     assert plot.stat().st_size > 10_000
 
