@@ -247,3 +247,22 @@ def test_kv_transfer_params_must_be_an_object(upstream, client):
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "kv_transfer_params"
     assert fake.received == []
+
+
+def test_concurrent_updates_lose_nothing(client, sidecar):
+    """Read-modify-write is atomic: 16 workers spawned at once all land in the parent's list."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "hub"})
+
+    def spawn(i: int) -> int:
+        with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+            return http.post(
+                "/v1/sessions/hub/workers", json={"worker_id": f"hub.w{i}"}
+            ).status_code
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        codes = list(pool.map(spawn, range(16)))
+    assert codes == [201] * 16
+    workers = client.get("/v1/sessions/hub").json()["workers"]
+    assert sorted(workers) == sorted(f"hub.w{i}" for i in range(16))

@@ -161,3 +161,17 @@ def test_metrics_exposed_with_tenure_prefix(client):
     assert 'tenure_requests_total{route="chat",status="200"}' in text
     assert "tenure_sidecar_latency_seconds_bucket" in text
     assert 'tenure_decisions_total{kind="active",reason="request"}' in text
+
+
+def test_sessions_by_state_gauge(client):
+    client.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "g1"})
+    client.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "g2"})
+    client.post("/v1/sessions/g2/suspend", json={})
+
+    def gauge():
+        text = client.get("/metrics").text
+        return 'tenure_sessions{state="idle"} 1.0' in text and (
+            'tenure_sessions{state="suspended"} 1.0' in text
+        )
+
+    _wait_for(gauge, timeout_s=5.0)
