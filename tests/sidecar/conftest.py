@@ -53,7 +53,7 @@ def sidecar_factory(redis_url: str, upstream) -> Iterator[Callable[..., ServerTh
 
 
 @pytest.fixture
-def sidecar(sidecar_factory) -> ServerThread:
+def sidecar(sidecar_factory: Callable[..., ServerThread]) -> ServerThread:
     return sidecar_factory()
 
 
