@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 
 from service.push.messages import Decision
 from service.state import scripts
+from service.state.batcher import ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 
@@ -133,6 +134,7 @@ class StateStore:
         self.limits = limits or StoreLimits()
         self._turn_start: AsyncScript = client.register_script(scripts.TURN_START)
         self._apply: AsyncScript = client.register_script(scripts.APPLY)
+        self._batcher = ScriptBatcher(client)
 
     async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
         return await self.breaker.call(op, make)
@@ -179,7 +181,9 @@ class StateStore:
             str(self.limits.list_maxlen),
         ]
         args = [_json_encode(packed), decision_body(decision)]
-        raw = await self._call("turn_start", lambda: self._turn_start(keys=keys, args=args))
+        raw = await self._call(
+            "turn_start", lambda: self._batcher.call(self._turn_start, keys, args)
+        )
         sid, turn, prev_state, observed, seq, inferred = raw
         return TurnStart(
             session=_text(sid),
@@ -239,7 +243,7 @@ class StateStore:
             "0" if create else "1",
         ]
         args = [_json_encode(packed)]
-        raw = await self._call("apply", lambda: self._apply(keys=keys, args=args))
+        raw = await self._call("apply", lambda: self._batcher.call(self._apply, keys, args))
         return int(raw[0]), int(raw[1])
 
     async def update_session(
