@@ -295,12 +295,15 @@ class Proxy:
             upstream, content = await send_or_disconnect(exchange(), request.receive)
         except ClientGone:
             self.metrics.client_disconnects.inc()
-            self.metrics.requests.labels(route, "499").inc()
+            self._count(route, 499, overhead, time.perf_counter())
+            self._finish_turn(turn)
             return Response(status_code=499)
         except UpstreamError as exc:
             response, kind = upstream_failure(exc)
             self.metrics.upstream_errors.labels(kind).inc()
             self._count(route, response.status_code, overhead, time.perf_counter())
+            # The turn is over even though it failed: the session must not stay "active".
+            self._finish_turn(turn)
             return response
         resumed = time.perf_counter()
         status = upstream.status
@@ -308,7 +311,7 @@ class Proxy:
         if content is not None:
             if turn is not None and status < 400:
                 _scan_completion(turn, content, upstream.header("content-encoding"))
-                self._finish_turn(turn)
+            self._finish_turn(turn)
             self._count(route, status, overhead, resumed)
             return Response(content, status_code=status, headers=headers)
 
@@ -317,8 +320,7 @@ class Proxy:
         def on_complete(completed: bool) -> None:
             if not completed:
                 self.metrics.client_disconnects.inc()
-            if turn is not None and status < 400:
-                self._finish_turn(turn)
+            self._finish_turn(turn)
 
         self._count(route, status, overhead, resumed)
         return RelayResponse(
@@ -331,9 +333,9 @@ class Proxy:
 
     # --- end of turn -------------------------------------------------------------------------
 
-    def _finish_turn(self, turn: _Turn) -> None:
-        if turn.start.turn == 0:
-            return  # forwarded fail-open: there is no record to update
+    def _finish_turn(self, turn: _Turn | None) -> None:
+        if turn is None or turn.start.turn == 0:
+            return  # untracked, or forwarded fail-open: there is no record to update
         task = asyncio.get_running_loop().create_task(self._record_turn_end(turn))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -114,6 +114,9 @@ def test_upstream_error_status_and_body_kept(upstream, client):
     reply = client.post(CHAT, json=_chat("error"), headers={"X-Tenure-Session": "e1"})
     assert reply.status_code == 400
     assert reply.json() == {"error": {"message": "bad model", "type": "BadRequestError"}}
+    # A failed turn still ends: the session does not stay "active".
+    record = _wait_for(lambda: (r := client.get("/v1/sessions/e1").json())["state"] == "idle" and r)
+    assert record["stop_reason"] is None
 
 
 def test_unreachable_upstream_gives_502(sidecar_factory, redis_url):
