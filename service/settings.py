@@ -79,7 +79,7 @@ class Settings(BaseSettings):
 
     #: API key -> tenant, as JSON: ``{"sk-abc": {"name": "acme", "infer_sessions": true}}``.
     #: Empty: every caller is the ``default`` tenant.
-    tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)  # keys are secrets
     default_tenant: TenantSpec = TenantSpec(name="default")
 
     #: Push channel (ZeroMQ ROUTER) address; empty disables the channel.
@@ -119,6 +119,13 @@ class Settings(BaseSettings):
         return self
 
 
+def _location(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if len(parts) > 1 and parts[0] == "tenants":
+        parts[1] = "<api-key>"  # the key of the tenants mapping is a secret
+    return ".".join(parts) or "settings"
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with explicit ``overrides`` taking precedence.
 
@@ -130,7 +137,6 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-            for err in exc.errors()
+            f"{_location(err['loc'])}: {err['msg']}" for err in exc.errors(include_input=False)
         )
         raise SettingsError(problems) from None

@@ -30,11 +30,20 @@ def test_empty_token_refused_unless_dev_mode(monkeypatch):
     assert load_settings().dev_mode is True
 
 
-def test_settings_repr_hides_secrets():
-    settings = load_settings(admin_token="s3cret-token", redis_url="redis://:pw-123@h:6379/0")
+def test_settings_repr_and_errors_hide_secrets():
+    settings = load_settings(
+        admin_token="s3cret-token",
+        redis_url="redis://:pw-123@h:6379/0",
+        upstream_api_key="up-key-9",
+        tenants={"sk-tenant-key": {"name": "acme"}},
+    )
     text = repr(settings) + str(settings)
-    assert "s3cret-token" not in text
-    assert "pw-123" not in text
+    for secret in ("s3cret-token", "pw-123", "up-key-9", "sk-tenant-key"):
+        assert secret not in text
+    with pytest.raises(SettingsError) as error:
+        load_settings(admin_token="t", tenants={"sk-tenant-key": {"name": "bad name"}})
+    assert "sk-tenant-key" not in str(error.value)
+    assert "tenants.<api-key>.name" in str(error.value)
 
 
 def test_dev_mode_opens_admin(sidecar_factory):
