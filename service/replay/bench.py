@@ -111,7 +111,8 @@ def _run(args: argparse.Namespace) -> int:
         f"hardware={args.hardware} seed={args.seed} (one process per policy, one core)"
     )
     print(
-        f"{'policy':<18} {'load s':>7} {'simulate s':>10} {'total s':>8} {'peak RSS MiB':>12} "
+        f"{'policy':<18} {'load s':>7} {'simulate s':>10} {'total s':>8} {'cpu s':>7} "
+        f"{'peak RSS MiB':>12} "
         f"{'turns':>7} {'turns/s wall':>12}"
     )
     for name in policies:
