@@ -105,6 +105,7 @@ class TenureCachePolicy(CachePolicy):
         self._sharers: dict[OffloadKey, dict[str, _Loc]] = {}
         self._ended: set[str] = set()
         self._applied_seq: dict[str, int] = {}
+        self._last_hint: dict[str, SessionHint] = {}
         self._last_ctx: ReqContext | None = None
         self._next_due = math.inf
         self.last_applied_seq = -1
@@ -165,7 +166,7 @@ class TenureCachePolicy(CachePolicy):
 
     # --- requests -------------------------------------------------------------------------
 
-    def _request(self, ctx: ReqContext | None, now: float) -> _RequestInfo:
+    def _request(self, ctx: ReqContext | None, now: float, *, infer: bool = True) -> _RequestInfo:
         if ctx is None:
             ctx = self._last_ctx
         info = ctx.get_state(_RequestInfo) if ctx is not None else None
@@ -177,6 +178,10 @@ class TenureCachePolicy(CachePolicy):
             if ctx is not None:
                 ctx.set_state(info)
         if info.session is None:
+            if not infer:
+                # Untagged: the prefix chain is known only once vLLM has hashed the request's
+                # blocks (after on_new_request); the session is inferred at its first store.
+                return info
             info.session = self._infer_session(ctx)
         if not info.started:
             self._start(info, now)
@@ -215,12 +220,20 @@ class TenureCachePolicy(CachePolicy):
                 last_turn=tags.last_turn,
                 suspended=tags.suspended,
             )
-            self._drop_victims(self.tier.hint(session, hint, now), now)
+            # Most turns repeat the session's previous hint: telling the core again changes
+            # nothing for an active session, so skip it. A last turn is always told (the core
+            # clears the declaration once it reclaims).
+            if hint.last_turn or self._last_hint.get(session) != hint:
+                if hint.last_turn:
+                    self._last_hint.pop(session, None)
+                else:
+                    self._last_hint[session] = hint
+                self._drop_victims(self.tier.hint(session, hint, now), now)
         self._refresh_timer()
 
     def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
         """A request reached the scheduler: its session is active from now."""
-        self._request(ctx, self._clock() if now is None else now)
+        self._request(ctx, self._clock() if now is None else now, infer=False)
 
     # --- the store gate -------------------------------------------------------------------
 
@@ -242,27 +255,30 @@ class TenureCachePolicy(CachePolicy):
         info = self._request(ctx, now)
         session = info.session
         assert session is not None
-        locs: list[_Loc] = []
+        runs: list[Run] = []
+        n_new = 0
+        run_seg = run_start = run_stop = -1
         chunks, staged, loc_map = self.chunks, self._staged, self._loc
         key_at, frontier = self._key_at, self._frontier
-        position = ctx.get_offload_key_position if ctx is not None else None
+        positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
+        unit = self.block_tokens
+        seg = info.seg
+        slots = key_at[seg]
         for key in keys_to_store:
             if key in chunks or key in staged:
                 continue
-            pos = position(key) if position is not None else None
-            unit = self.block_tokens
+            pos = positions.get(key)
             if pos and unit and pos % unit == 0:
                 index = pos // unit - 1
             else:
                 index = self._index(key, ctx, info)
-            slots = key_at[info.seg]
+                unit = self.block_tokens
             if index < len(slots) and slots[index] is not None and slots[index] != key:
                 # Same session, same position, different content (an edited or branched
                 # context): continue in a fork segment so residency stays one key per slot.
                 info.forks += 1
-                info.seg = self._segment(session, (info.tags.segment, "fork", info.forks))
-                slots = key_at[info.seg]
-            seg = info.seg
+                info.seg = seg = self._segment(session, (info.tags.segment, "fork", info.forks))
+                slots = key_at[seg]
             if len(slots) <= index:
                 slots.extend([None] * (index + 1 - len(slots)))
             slots[index] = key
@@ -270,14 +286,23 @@ class TenureCachePolicy(CachePolicy):
             if index >= frontier[seg]:
                 frontier[seg] = index + 1
             staged.add(key)
-            locs.append((seg, index))
-            info.next_index = index + 1
-        if not locs:
+            n_new += 1
+            if seg == run_seg and index == run_stop:
+                run_stop += 1
+            else:
+                if run_seg >= 0:
+                    runs.append(Run(run_seg, run_start, run_stop))
+                run_seg, run_start, run_stop = seg, index, index + 1
+        if not n_new:
             return True
-        runs = _merge(locs)
+        runs.append(Run(run_seg, run_start, run_stop))
+        info.next_index = run_stop
         protected = runs
-        n_new = len(locs)
-        if self.tier.capacity is not None and n_new > self.tier.capacity - self.tier.used:
+        if (
+            self._pinned
+            and self.tier.capacity is not None
+            and n_new > self.tier.capacity - self.tier.used
+        ):
             protected = runs + self._pinned_runs()
         result = self.tier.store(protected, session, now)
         if not result.admitted:
@@ -291,9 +316,8 @@ class TenureCachePolicy(CachePolicy):
         self.stats["stores"] += 1
         self.stats["stored_blocks"] += n_new
         staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
-        for victim in result.victims:
-            for key in self._keys_of(victim.run):
-                staged_victims.append((key, victim.cls))
+        for (seg, start, stop), cls in result.victims:
+            staged_victims.extend((k, cls) for k in key_at[seg][start:stop] if k is not None)
         self._staged_victims = staged_victims
         return True
 
@@ -492,12 +516,26 @@ class TenureCachePolicy(CachePolicy):
             self.stats["refusals_pinned"] += 1
             return None
         out: list[tuple[OffloadKey, ChunkStatus]] = []
+        doomed, sharers, chunks, loc_map, key_at = (
+            self._doomed,
+            self._sharers,
+            self.chunks,
+            self._loc,
+            self._key_at,
+        )
+        by_class: Counter[EvictionClass] = Counter()
         for key, cls in chosen:
-            self._doomed.pop(key, None)
-            self._unplace(key)
-            self._sharers.pop(key, None)
-            out.append((key, self.chunks.pop(key)))
-            self.stats[f"evicted_blocks_{cls.value}"] += 1
+            if doomed:
+                doomed.pop(key, None)
+            loc = loc_map.pop(key, None)
+            if loc is not None:
+                key_at[loc[0]][loc[1]] = None
+            if sharers:
+                sharers.pop(key, None)
+            out.append((key, chunks.pop(key)))
+            by_class[cls] += 1
+        for cls, count in by_class.items():
+            self.stats[f"evicted_blocks_{cls.value}"] += count
         return out
 
     def clear(self) -> None:
@@ -619,6 +657,10 @@ class TenureCachePolicy(CachePolicy):
         )
         if last:
             self._ended.add(session)
+        if last:
+            self._last_hint.pop(session, None)
+        else:
+            self._last_hint[session] = hint
         self.stats["decisions_applied"] += 1
         before = self.core.counters["ttl_expiries"]
         self._drop_victims(self.tier.hint(session, hint, now), now)

@@ -8,16 +8,14 @@ inside the engine: the request is then served tags-off, which is never worse tha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["RequestTags", "parse_tags"]
 
 _MAX_ID = 256
 
 
-@dataclass(frozen=True, slots=True)
-class RequestTags:
+class RequestTags(NamedTuple):
     """What one request says about its session; ``session_id`` ``None`` = untagged."""
 
     session_id: str | None = None

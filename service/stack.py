@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "TENURE_ARGV",
     "LocalStack",
     "ManagedProcess",
     "StackConfig",
@@ -38,6 +39,10 @@ __all__ = [
 ]
 
 Progress = Callable[[str], None]
+
+#: ``tenure ...`` with this interpreter. Not ``python -m service.cli``: that loads the module a
+#: second time as ``__main__``, and its ``UsageError`` would no longer be the one caught.
+TENURE_ARGV = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())"]
 
 
 class StackError(RuntimeError):
@@ -288,7 +293,7 @@ class LocalStack:
             "TENURE_PUSH_SNAPSHOT_INTERVAL_S": str(self.config.snapshot_interval_s),
             "TENURE_DEV_MODE": "true",
         }
-        argv = [sys.executable, "-m", "service.cli", "serve", "--dev"]
+        argv = [*TENURE_ARGV, "serve", "--dev"]
         argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
         self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
         self.sidecar.start().wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)

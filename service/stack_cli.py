@@ -119,8 +119,16 @@ def run_demo(stack: Any) -> dict[str, float]:
 
 def _run(args: argparse.Namespace) -> int:
     from service.cli import UsageError
+    from service.policy import UnknownPolicyError, policy_class
     from service.stack import LocalStack, StackConfig, StackError
 
+    try:
+        policy_class(args.policy)
+    except UnknownPolicyError as exc:
+        raise UsageError(str(exc)) from None
+    for flag, port in (("--port", args.port), ("--engine-port", args.engine_port)):
+        if not 0 <= port <= 65535:
+            raise UsageError(f"{flag} must be a port number (0-65535), got {port}")
     cache = Path(
         args.cache_dir or os.environ.get("TENURE_CACHE_DIR") or Path.home() / ".cache" / "tenure"
     )
@@ -132,12 +140,6 @@ def _run(args: argparse.Namespace) -> int:
         proxy_port=args.port,
         engine_port=args.engine_port,
     )
-    try:
-        from service.policy import UnknownPolicyError, policy_class
-
-        policy_class(args.policy)
-    except UnknownPolicyError as exc:
-        raise UsageError(str(exc)) from None
     stack = LocalStack(config, progress=_say)
     try:
         stack.start()

@@ -6,13 +6,20 @@ a multi-turn session through the proxy, then a sidecar restart, then an engine r
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from engine_adapter.testing.tiny_model import word_prompt
-from service.stack import LocalStack, ManagedProcess, StackConfig, free_port, http_json, http_ok
+from service.stack import (
+    TENURE_ARGV,
+    LocalStack,
+    ManagedProcess,
+    StackConfig,
+    free_port,
+    http_json,
+    http_ok,
+)
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -83,7 +90,7 @@ def test_sidecar_restart_adapter_resyncs_from_snapshot(stack: LocalStack):
     replica_port = str(free_port())
     replica = ManagedProcess(
         "replica",
-        [sys.executable, "-m", "service.cli", "serve", "--dev", "--port", replica_port],
+        [*TENURE_ARGV, "serve", "--dev", "--port", replica_port],
         Path(stack.logs) / "replica.log",
         env={
             "TENURE_REDIS_URL": stack.redis_url,

@@ -46,8 +46,10 @@ def tenure_manager(capacity: int, policy: str = "tenure"):
 def serve(manager: Any, req_id: str, keys: list[Any], tags: dict[str, Any] | None = None) -> bool:
     """One request as the scheduler drives it: lookup/load the hit prefix, store the rest,
     complete the transfers, finish. Returns whether the store was admitted."""
-    ctx = make_ctx(req_id, keys, tags)
+    ctx = make_ctx(req_id, [], tags)
     manager.on_new_request(ctx)
+    for i, k in enumerate(keys):  # vLLM hashes the blocks after on_new_request
+        ctx.set_offload_key_position(k, (i + 1) * BLOCK)
     hit = 0
     for k in keys:
         if manager.lookup(k, ctx).name != "HIT":
