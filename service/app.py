@@ -152,10 +152,17 @@ def create_app(
         )  # fmt: skip
         app.state.proxy = proxy
 
+        stopping = asyncio.Event()
+
         async def refresh_forever() -> None:
             rounds = 0
-            while True:
-                await asyncio.sleep(settings.refresh_interval_s)
+            # A stop event rather than cancellation alone: a cancel that lands inside a Redis
+            # client timeout block can be swallowed, and shutdown must not hang on it.
+            while not stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), settings.refresh_interval_s)
+                if stopping.is_set():
+                    return
                 rounds += 1
                 try:
                     await runtime.refresh(sample_states=rounds % _STATE_SAMPLE_EVERY == 0)
@@ -166,9 +173,9 @@ def create_app(
         try:
             yield
         finally:
+            stopping.set()
+            await asyncio.wait({refresher}, timeout=2.0)
             refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
             await proxy.drain()
             if push is not None:
                 await push.stop()

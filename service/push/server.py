@@ -16,7 +16,6 @@ Redis or adapter failures never propagate: the loops log, count, back off and ca
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -84,6 +83,7 @@ class PushServer:
         self._peers: dict[bytes, _Peer] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._send_lock = asyncio.Lock()
+        self._stopping = False
 
     @property
     def adapters(self) -> list[str]:
@@ -111,11 +111,13 @@ class PushServer:
         ]
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # Bounded: a cancel swallowed inside a Redis client timeout block must not hang
+            # shutdown; the loops also check ``_stopping`` on every turn.
+            await asyncio.wait(self._tasks, timeout=2.0)
         self._tasks = []
         if self._socket is not None:
             self._socket.close(linger=0)
@@ -171,7 +173,7 @@ class PushServer:
 
     async def _receive_loop(self) -> None:
         assert self._socket is not None
-        while True:
+        while not self._stopping:
             try:
                 frames = await self._socket.recv_multipart()
             except zmq.ZMQError as exc:
@@ -240,7 +242,7 @@ class PushServer:
     async def _tail_loop(self) -> None:
         last_id: str | None = None
         backoff = 0.05
-        while True:
+        while not self._stopping:
             try:
                 if last_id is None:
                     last_id = await self.store.last_decision_id()
@@ -265,7 +267,7 @@ class PushServer:
                 await self._broadcast_decision(decision)
 
     async def _snapshot_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.snapshot_interval_s)
             try:
                 await self.broadcast_snapshot()
