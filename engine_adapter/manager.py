@@ -34,7 +34,7 @@ from engine_adapter.policy import TenureCachePolicy
 
 __all__ = ["TenureOffloadingManager"]
 
-log = logging.getLogger("tenure.adapter")
+log = logging.getLogger("vllm.tenure")
 
 
 class TenureOffloadingManager(CPUOffloadingManager):

@@ -20,7 +20,7 @@ import logging
 
 __all__ = ["SPECS", "register", "registered_policy_names"]
 
-log = logging.getLogger("tenure.adapter")
+log = logging.getLogger("vllm.tenure")
 
 SPECS: dict[str, tuple[str, str]] = {
     "TenureOffloadingSpec": ("engine_adapter.spec", "TenureOffloadingSpec"),

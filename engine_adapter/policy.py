@@ -39,7 +39,7 @@ from service.push.messages import Decision, Snapshot
 
 __all__ = ["TenureCachePolicy"]
 
-log = logging.getLogger("tenure.adapter")
+log = logging.getLogger("vllm.tenure")
 
 _Loc = tuple[int, int]
 

@@ -46,7 +46,7 @@ from service.push.messages import (
 
 __all__ = ["PushClient", "residency_delta"]
 
-log = logging.getLogger("tenure.adapter.push")
+log = logging.getLogger("vllm.tenure.push")
 
 _POLL_MS = 50
 #: Send a report at least this often (in report intervals) even when nothing changed.
@@ -125,6 +125,12 @@ class PushClient:
             return
         self._thread = threading.Thread(target=self._run, name="tenure-push", daemon=True)
         self._thread.start()
+        log.info(
+            "tenure push channel: adapter %s -> %s (idle-engine wake-ups %s)",
+            self.adapter_id,
+            self.addr,
+            "on" if self.waker is not None else "off",
+        )
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()

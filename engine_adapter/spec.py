@@ -26,7 +26,7 @@ from engine_adapter.manager import TenureOffloadingManager
 
 __all__ = ["PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
-log = logging.getLogger("tenure.adapter")
+log = logging.getLogger("vllm.tenure")
 
 PUSH_ADDR_ENV = "TENURE_PUSH_ADDR"
 

@@ -279,7 +279,10 @@ class LocalStack:
             f"(policy {self.config.policy}; ~30 s)"
         )
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
-        self.engine = ManagedProcess("vllm", argv, self.logs / "vllm.log", env=CPU_ENGINE_ENV)
+        # EngineCore in its own process, as in production (a test process may have set the
+        # in-process mode for its own engines).
+        env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+        self.engine = ManagedProcess("vllm", argv, self.logs / "vllm.log", env=env)
         self.engine.start().wait_until(
             lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
         )

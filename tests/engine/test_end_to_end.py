@@ -33,6 +33,7 @@ def _sum(samples: dict[str, float], name: str) -> float:
 
 @pytest.fixture(scope="module")
 def stack(redis_server, tmp_path_factory):
+    redis_server.flush()  # earlier modules' sessions and decisions are not this stack's
     config = StackConfig(
         workdir=tmp_path_factory.mktemp("stack"),
         model_cache=model_cache_dir(),
