@@ -6,7 +6,8 @@ It records every request it receives (headers and JSON body) and behaves by mode
 * ``tool``: ``finish_reason`` ``tool_calls`` with a tool call to ``run_tests``;
 * ``error``: 400 with an OpenAI error body (kept as is by the proxy);
 * ``slow``: answers after ``slow_s`` seconds (upstream timeouts);
-* ``hang``: streams one chunk, then waits until the client goes away (records cancellation).
+* ``hang``: streams one chunk (or, not streaming, nothing), then waits until the client goes
+  away (records the cancellation).
 
 Streaming requests get SSE chunks.
 """
@@ -73,6 +74,12 @@ class FakeUpstream:
             await asyncio.sleep(self.slow_s)
         finish = "tool_calls" if model == "tool" else "stop"
         stream = isinstance(body, dict) and body.get("stream")
+        if model == "hang" and not stream:
+            while True:  # never answers; notices when the proxy drops the request
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.cancelled.set()
+                    return
         if not stream:
             message_body: dict[str, Any] = {"role": "assistant", "content": "hi"}
             if model == "tool":

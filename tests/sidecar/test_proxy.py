@@ -152,6 +152,14 @@ def test_client_disconnect_cancels_upstream(upstream, sidecar):
     assert fake.cancelled.wait(5.0), "upstream never saw the disconnect"
 
 
+def test_client_disconnect_before_the_answer_cancels_upstream(upstream, sidecar):
+    """Not streaming: a client that gives up while the engine works drops the upstream call."""
+    fake, _ = upstream
+    with httpx.Client(base_url=sidecar.url, timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
+        http.post(CHAT, json=_chat("hang"), headers={"X-Tenure-Session": "h2"})
+    assert fake.cancelled.wait(5.0), "upstream never saw the disconnect"
+
+
 def test_models_and_other_routes_pass_through(upstream, client):
     reply = client.get("/v1/models")
     assert reply.status_code == 200
