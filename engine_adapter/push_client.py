@@ -49,6 +49,7 @@ __all__ = ["PushClient", "residency_delta"]
 log = logging.getLogger("vllm.tenure.push")
 
 _POLL_MS = 50
+_HELLO_RETRY_S = 0.5
 #: Send a report at least this often (in report intervals) even when nothing changed.
 _KEEPALIVE_REPORTS = 5
 _COUNTER_FIELDS = (
@@ -91,7 +92,7 @@ class PushClient:
         engine_id: str = "",
         bytes_per_block: int = 0,
         report_interval_s: float = 1.0,
-        hello_interval_s: float = 2.0,
+        hello_interval_s: float = 15.0,
         adapter_id: str | None = None,
         wall_clock: Callable[[], float] = time.time,
         waker: Callable[[], None] | None = None,
@@ -166,14 +167,16 @@ class PushClient:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         last_hello = -1e18
+        hello_sent = False
         next_report = time.monotonic() + self.report_interval_s
         idle_reports = 0
         while not self._stop.is_set():
             now_wall = self._wall()
             if now_wall - self.last_heard > self.hello_interval_s and (
-                now_wall - last_hello > self.hello_interval_s
+                now_wall - last_hello > (self.hello_interval_s if hello_sent else _HELLO_RETRY_S)
             ):
-                self._send(sock, self.hello())
+                # Nothing queues without a connected peer: an unsent Hello is retried soon.
+                hello_sent = self._send(sock, self.hello())
                 last_hello = now_wall
             if dict(poller.poll(_POLL_MS)):
                 while True:
@@ -196,14 +199,16 @@ class PushClient:
                 else:
                     idle_reports += 1
 
-    def _send(self, sock: zmq.Socket[bytes], message: Message | None) -> None:
+    def _send(self, sock: zmq.Socket[bytes], message: Message | None) -> bool:
         if message is None:
-            return
+            return False
         try:
             sock.send(encode(message), zmq.NOBLOCK)
-            self.counters[f"sent_{type(message).__name__}"] += 1
         except zmq.Again:
             self.counters["send_dropped"] += 1  # no sidecar connected: nothing queues
+            return False
+        self.counters[f"sent_{type(message).__name__}"] += 1
+        return True
 
     def _handle(self, sock: zmq.Socket[bytes], frame: bytes) -> None:
         try:

@@ -80,7 +80,7 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
                     engine_id=str(self.config.engine_id),
                     bytes_per_block=self.kv_bytes_per_chunk,
                     report_interval_s=_float(extra, "tenure_report_interval_s", 1.0),
-                    hello_interval_s=_float(extra, "tenure_hello_interval_s", 2.0),
+                    hello_interval_s=_float(extra, "tenure_hello_interval_s", 15.0),
                     waker=find_engine_waker(),
                 )
                 manager.push_client.start()

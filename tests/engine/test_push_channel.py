@@ -155,3 +155,24 @@ def test_no_sidecar_nothing_queues(policy):
         assert not policy.inbox
     finally:
         push.stop()
+
+
+def test_sidecar_starting_after_the_engine_gets_a_hello_at_once(policy):
+    from engine_adapter.push_client import PushClient
+    from service.push.messages import Hello
+    from tests.conftest import free_port
+
+    port = free_port()
+    push = PushClient(f"tcp://127.0.0.1:{port}", policy, hello_interval_s=60.0)
+    push.start()
+    try:
+        time.sleep(0.3)  # the adapter's first Hello found nobody
+        late = RouterPeer(port=port)
+        try:
+            # Retried until sent, not after the 60 s interval.
+            assert late.wait_for(lambda: bool(late.messages(Hello)), timeout=10)
+            assert late.wait_for(lambda: push.counters["snapshots"] >= 1)
+        finally:
+            late.close()
+    finally:
+        push.stop()
