@@ -16,7 +16,10 @@ from service.push.messages import ResidencyReport
 __all__ = ["Metrics"]
 
 # Sidecar overhead is sub-millisecond when healthy; the upper buckets catch Redis trouble.
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_LATENCY_BUCKETS = (
+    0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.5,
+)  # fmt: skip
 _GAP_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600, 7200)
 _LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 

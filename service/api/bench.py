@@ -141,9 +141,12 @@ async def _phase(
     from service.api.bench_load import run_load
 
     await run_load(port, _requests(concurrency, min(total, 50 * concurrency) // 4, hints))
+    buckets_before = _sidecar_buckets(port) if pid is not None else {}
     latencies, _elapsed, errors = await run_load(
         port, _requests(concurrency, total, hints), rate_per_s=rate
     )
+    buckets = _sidecar_buckets(port) if pid is not None else {}
+    in_sidecar = {le: count - buckets_before.get(le, 0.0) for le, count in buckets.items()}
     cpu_before = _cpu_seconds(pid) if pid is not None else float("nan")
     done, elapsed, more_errors = await run_load(port, _requests(concurrency, total, hints))
     cpu = (_cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
@@ -155,7 +158,41 @@ async def _phase(
         "p99_ms": _percentile(latencies, 0.99) * 1000,
         "rps": len(done) / elapsed,
         "cpu_ms_per_request": cpu / len(done) * 1000,
+        "in_sidecar_p50_ms": _bucket_quantile(in_sidecar, 0.50) * 1000,
+        "in_sidecar_p99_ms": _bucket_quantile(in_sidecar, 0.99) * 1000,
     }
+
+
+def _sidecar_buckets(port: int) -> dict[float, float]:
+    """Cumulative buckets of the sidecar's own time per chat request, from its ``/metrics``."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    prefix = 'tenure_sidecar_latency_seconds_bucket{le="'
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and 'route="chat"' in line:
+            le = line[len(prefix) :].split('"', 1)[0]
+            buckets[float(le)] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def _bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """Quantile by linear interpolation inside the histogram bucket that holds it."""
+    ordered = sorted(buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return float("nan")
+    target = q * ordered[-1][1]
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in ordered:
+        if count >= target:
+            if le == float("inf"):
+                return lower_le
+            span = count - lower_count
+            return lower_le + (le - lower_le) * ((target - lower_count) / span if span else 0.0)
+        lower_le, lower_count = le, count
+    return lower_le
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
         # CPU the sidecar process spent per proxied request in the throughput phase: the
         # figure that does not depend on what else shares the machine.
         "proxy_cpu_ms_per_request": round(proxied["cpu_ms_per_request"], 3),
+        # The sidecar's own time per request (its histogram, upstream excluded) in the latency
+        # phase: what the proxy adds before process scheduling on a shared machine.
+        "in_sidecar_p50_ms": round(proxied["in_sidecar_p50_ms"], 3),
+        "in_sidecar_p99_ms": round(proxied["in_sidecar_p99_ms"], 3),
     }
     for key, value in result.items():
         print(f"  {key:15s} {value}")
