@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query
@@ -153,12 +154,16 @@ Svc = Annotated[Services, Depends(get_services)]
 Tenant = Annotated[TenantSpec, Depends(tenant_of)]
 
 
+Decide = Callable[[dict[str, str], float], lifecycle.LifecycleDecision]
+Extra = Callable[[dict[str, str], SessionUpdate, float], None]
+
+
 async def _transition(
     svc: Services,
     tenant: TenantSpec,
     session: str,
-    decide: Any,
-    extra: Any = None,
+    decide: Decide,
+    extra: Extra | None = None,
 ) -> SessionView:
     """Apply ``decide(record, now) -> LifecycleDecision`` to one session, publish, return it."""
     now = svc.clock()
