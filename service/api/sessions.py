@@ -8,7 +8,6 @@ route answers 503 with ``Retry-After`` (see the app's ``StateUnavailable`` handl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -270,7 +269,7 @@ async def spawn_worker(
         raise HTTPException(404, f"session {session_id!r} not found")
     if parent.get("state") == "finished":
         raise HTTPException(409, f"session {session_id!r} is finished")
-    decision = dataclasses.replace(lifecycle.on_resume(now), reason=f"spawned_{spawn.role}")
+    decision = lifecycle.on_spawn(now, role=spawn.role)
     message = decisions.as_message(
         decision, tenant=tenant.name, session=spawn.worker_id, turn=0, parent=session_id, now=now
     )

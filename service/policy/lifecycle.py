@@ -26,6 +26,7 @@ __all__ = [
     "on_request",
     "on_response",
     "on_resume",
+    "on_spawn",
     "on_suspend",
 ]
 
@@ -115,6 +116,11 @@ def on_suspend(
 
 def on_resume(now: float) -> LifecycleDecision:
     return LifecycleDecision("idle", 0.0, now, False, False, None, "resumed")
+
+
+def on_spawn(now: float, *, role: str) -> LifecycleDecision:
+    """A sub-agent was spawned: it is about to send its first request (wake-up now)."""
+    return LifecycleDecision("idle", 0.0, now, False, False, None, f"spawned_{role}")
 
 
 def on_end(now: float) -> LifecycleDecision:
