@@ -101,6 +101,7 @@ class TenureCachePolicy(CachePolicy):
         self._staged: set[OffloadKey] = set()
         self._staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
         self._refused = False
+        self._offer_blocks = 0
         self._released: list[tuple[OffloadKey, ChunkStatus]] = []
         self._sharers: dict[OffloadKey, dict[str, _Loc]] = {}
         self._ended: set[str] = set()
@@ -313,8 +314,8 @@ class TenureCachePolicy(CachePolicy):
             self.stats["refusals"] += 1
             self.stats["refused_blocks"] += n_new
             return False
-        self.stats["stores"] += 1
-        self.stats["stored_blocks"] += n_new
+        # Counted when vLLM has inserted them (end_store): it may still drop the store.
+        self._offer_blocks = n_new
         staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
         for (seg, start, stop), cls in result.victims:
             staged_victims.extend((k, cls) for k in key_at[seg][start:stop] if k is not None)
@@ -338,6 +339,16 @@ class TenureCachePolicy(CachePolicy):
         """Roll back what an offer staged but vLLM never inserted (its store was dropped)."""
         leftovers = [k for k in self._staged if k not in self.chunks]
         self._staged.clear()
+        offered, self._offer_blocks = self._offer_blocks, 0
+        if offered:
+            inserted = offered - len(leftovers)
+            if inserted > 0:
+                self.stats["stores"] += 1
+                self.stats["stored_blocks"] += inserted
+            else:
+                # Admitted by the gate, dropped by vLLM (no evictable room: transfers pin it).
+                self.stats["refusals"] += 1
+                self.stats["refused_blocks"] += offered
         if leftovers:
             runs = [self._run_of(k) for k in leftovers]
             for key in leftovers:
@@ -402,6 +413,8 @@ class TenureCachePolicy(CachePolicy):
             assert info.session is not None
             if self.tier.store([Run(loc[0], index, index + 1)], info.session, now).admitted:
                 info.next_index = index + 1
+                self.stats["stores"] += 1
+                self.stats["stored_blocks"] += 1
                 return
             self._unplace(key)
         self._doomed[key] = EvictionClass.RECENCY
