@@ -42,6 +42,9 @@ __all__ = ["TenureCachePolicy"]
 log = logging.getLogger("vllm.tenure")
 
 _Loc = tuple[int, int]
+#: Per-session tables above this size drop sessions with nothing resident (checked every
+#: 1024 polls, i.e. engine steps).
+_PRUNE_ABOVE = 20_000
 
 
 @dataclass(slots=True)
@@ -102,6 +105,7 @@ class TenureCachePolicy(CachePolicy):
         self._staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
         self._refused = False
         self._offer_blocks = 0
+        self._polls = 0
         self._released: list[tuple[OffloadKey, ChunkStatus]] = []
         self._sharers: dict[OffloadKey, dict[str, _Loc]] = {}
         self._ended: set[str] = set()
@@ -641,11 +645,26 @@ class TenureCachePolicy(CachePolicy):
             else:
                 self._apply(message, now)
                 self.last_applied_seq = max(self.last_applied_seq, message.seq)
+        self._polls += 1
+        if self._polls % 1024 == 0:
+            self._prune()
         if now >= self._next_due:
             before = self.core.counters["ttl_expiries"]
             self._drop_victims(self.tier.expire(now), now)
             self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
             self._refresh_timer()
+
+    def _prune(self) -> None:
+        """Forget per-session bookkeeping of sessions with nothing resident (bounded memory)."""
+        resident = self.tier.session_resident
+        for table in (self._applied_seq, self._last_hint):
+            if len(table) > _PRUNE_ABOVE:
+                for session in [s for s in table if s not in resident]:
+                    del table[session]
+        if len(self._ended) > _PRUNE_ABOVE:
+            self._ended = {s for s in self._ended if s in resident}
+        if len(self._sharers) > _PRUNE_ABOVE:
+            self._sharers = {k: v for k, v in self._sharers.items() if k in self._loc}
 
     def _apply(self, decision: Decision, now: float) -> None:
         session = decision.session_id

@@ -190,3 +190,20 @@ def test_stock_manager_with_tenure_policy_stays_consistent():
         serve(manager, f"r{step}", keys, tags)
         check_books(manager)
         assert len(policy.chunks) <= 16
+
+
+def test_per_session_tables_stay_bounded(monkeypatch):
+    import engine_adapter.policy as module
+
+    monkeypatch.setattr(module, "_PRUNE_ABOVE", 50)
+    manager = tenure_manager(capacity=8)
+    policy = manager.tenure
+    for i in range(400):
+        serve(manager, f"r{i}", [key(i, 0)], {"session_id": f"s{i}", "expected_gap_ms": 1000})
+        if i % 7 == 0:
+            serve(manager, f"e{i}", [key(i, 0)], {"session_id": f"s{i}", "last_turn": True})
+    for _ in range(1024):
+        policy.poll()
+    assert len(policy._last_hint) <= 50 + 8
+    assert len(policy._ended) <= 50 + 8
+    check_books(manager)
