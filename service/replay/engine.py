@@ -39,7 +39,13 @@ gap after it is predicted from the previous response's stop reason by a
 :class:`~service.policy.gap.GapPredictor` trained online on the gaps observed so far in this
 run, refined at completion with the response's own stop reason; ``exact`` — the true next gap
 from the trace; ``none`` — no hints. ``last_turn`` is declared on a session's final request for
-every hint-using policy.
+every hint-using policy. Hint-using policies also get the harness's view of a divergence: when
+a session's new call no longer uses the tail of a segment its previous call used (a compaction,
+a rewritten last block), that dead tail is dropped from the host tier at once
+(``HostTier.drop``); hint-blind policies, like vLLM, leave it to age out.
+
+Sessions whose largest call cannot fit the GPU KV pool are skipped whole (and counted): vLLM
+would reject such a prompt.
 """
 
 from __future__ import annotations
