@@ -97,6 +97,9 @@ class TierPolicy(ABC):
     def on_hint(self, session: str, hint: SessionHint, now: float) -> None:  # noqa: B027
         """Lifecycle news about ``session`` (expected gap, last turn, suspension)."""
 
+    def forget(self, session: str) -> None:  # noqa: B027
+        """``session`` is gone and holds no blocks: drop everything kept about it."""
+
     def on_request_start(self, session: str, now: float) -> None:  # noqa: B027
         """A request of ``session`` arrived (it is active until its turn ends)."""
 

@@ -21,11 +21,13 @@ Variants (registered names):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
-from service.policy.base import HintSource
+from service.policy.base import HintSource, PolicyParams
 from service.policy.sessions import SessionLife, SessionPolicy
-from service.policy.types import EvictionClass
+from service.policy.types import EvictionClass, Run, SessionHint, Victim
+from service.policy.wake_index import WakeIndex
 
 __all__ = ["GateOnlyLiteral", "TenureExactGap", "TenureGate", "TenureTagsOff"]
 
@@ -51,14 +53,12 @@ class TenureGate(SessionPolicy):
     def _horizon(self) -> float:
         return self.idle_horizon(self.params["idle_quantile"], self.params["idle_fallback_s"])
 
-    def _slack(self, life: SessionLife) -> float:
-        gap = life.expected_gap_s if life.expected_gap_s is not None else self._horizon()
+    def _slack_for(self, gap: float) -> float:
         return max(self.params["overdue_slack_s"], self.params["overdue_slack_frac"] * gap)
 
-    def _wakeup(self, life: SessionLife, now: float) -> float:
-        if life.wakeup is not None:
-            return life.wakeup
-        return life.last_activity + self._horizon()
+    def _slack(self, life: SessionLife) -> float:
+        gap = life.expected_gap_s if life.expected_gap_s is not None else self._horizon()
+        return self._slack_for(gap)
 
     def _incoming_wakeup(self, incoming: str | None, now: float) -> float:
         if incoming is None:
@@ -69,43 +69,114 @@ class TenureGate(SessionPolicy):
         gap = life.expected_gap_s if life.expected_gap_s is not None else self._horizon()
         return now + gap
 
-    def victim_order(
-        self, n: int, incoming: str | None, candidates: dict[str, int], now: float
-    ) -> list[tuple[str, EvictionClass]] | None:
-        if incoming is not None and self.peek(incoming).refused:
-            return None  # one refusal per request: never leave a hole in a stored prefix
-        finished: list[tuple[float, str]] = []
-        overdue: list[tuple[float, str]] = []
-        live: list[tuple[float, str]] = []
-        for session in candidates:
-            life = self.peek(session)
-            if life.finished:
-                finished.append((life.last_activity, session))
-            elif life.active:
-                continue  # in use right now: its next wake-up is now
-            else:
-                wakeup = self._wakeup(life, now)
-                if now > wakeup + self._slack(life):
-                    overdue.append((now - wakeup, session))
-                else:
-                    live.append((wakeup, session))
-        order = [(s, EvictionClass.FINISHED) for _, s in sorted(finished)]
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        super().__init__(params)
+        self._index = WakeIndex()
+
+    # --- index maintenance: idle resident sessions by class and wake-up ------------------
+
+    def _reindex(self, session: str) -> None:
+        life = self.lives.get(session)
+        if life is None or life.active or self.tier.session_resident.get(session, 0) <= 0:
+            self._index.discard(session)
+        elif life.finished:
+            self._index.add_finished(session)
+        elif life.wakeup is not None:
+            self._index.add_timed(session, life.wakeup, life.wakeup + self._slack(life))
+        else:
+            self._index.add_untimed(session, life.last_activity)
+
+    def on_request_start(self, session: str, now: float) -> None:
+        super().on_request_start(session, now)
+        self._index.discard(session)
+
+    def on_access(
+        self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
+    ) -> None:
+        super().on_access(session, runs, inserted, now)
+        self._reindex(session)
+
+    def on_hint(self, session: str, hint: SessionHint, now: float) -> None:
+        super().on_hint(session, hint, now)
+        self._reindex(session)
+
+    def on_insert(self, run: Run, now: float) -> None:
+        owner = self.tier.owner(run.seg)
+        if owner not in self._index:
+            self._reindex(owner)  # blocks stored into an idle session's segment
+
+    def on_remove(self, run: Run) -> None:
+        owner = self.tier.owner(run.seg)
+        if self.tier.session_resident.get(owner, 0) <= run.blocks:
+            self._index.discard(owner)  # the tier is about to clear its last blocks
+
+    def due(self, now: float) -> list[Victim]:
+        victims = super().due(now)
+        for owner in {self.tier.owner(v.run.seg) for v in victims}:
+            self._index.discard(owner)  # reclaim and TTL expiry drop whole sessions
+        return victims
+
+    def forget(self, session: str) -> None:
+        super().forget(session)
+        self._index.discard(session)
+
+    # --- the decision ----------------------------------------------------------------------
+
+    def select_victims(
+        self, n: int, incoming: str | None, protected: Sequence[Run], now: float
+    ) -> list[Victim] | None:
+        if n == 0:
+            return []
+        if incoming is not None:
+            life = self.lives.get(incoming)
+            if life is not None and life.refused:
+                return None  # one refusal per request: never leave a hole in a stored prefix
+        tier = self.tier
+        excluded = {tier.owner(run.seg) for run in protected}
+        if incoming is not None:
+            excluded.add(incoming)
+        resident = tier.session_resident
+        order: list[tuple[str, EvictionClass]] = []
+        have = 0
+
+        def enough(session: str, cls: EvictionClass) -> bool:
+            nonlocal have
+            blocks = resident.get(session, 0)
+            if session in excluded or blocks <= 0:
+                return False
+            order.append((session, cls))
+            have += blocks
+            return have >= n
+
+        for session in self._index.finished:
+            if enough(session, EvictionClass.FINISHED):
+                return self._evict(order, n)
+        horizon = self._horizon()
         if self.params["evict_overdue"]:
-            order += [(s, EvictionClass.OVERDUE) for _, s in sorted(overdue, reverse=True)]
-        have = sum(candidates[s] for s, _ in order)
-        if have >= n:
-            return order
+            untimed_slack = self._slack_for(horizon)
+            overdue = self._index.overdue(now, lambda last: last + horizon + untimed_slack, horizon)
+            for _, session in overdue:
+                if enough(session, EvictionClass.OVERDUE):
+                    return self._evict(order, n)
         if not self.params["evict_far_wakeup"]:
             return None
-        incoming_wakeup = self._incoming_wakeup(incoming, now)
-        for wakeup, session in sorted(live, reverse=True):
-            if wakeup <= incoming_wakeup:
-                break  # everyone left wakes no later than the newcomer: refuse it instead
-            order.append((session, EvictionClass.FAR_WAKEUP))
-            have += candidates[session]
-            if have >= n:
-                return order
+        # Refuse worst: only residents waking after the newcomer may make room for it.
+        for _, session in self._index.far(self._incoming_wakeup(incoming, now), horizon):
+            if enough(session, EvictionClass.FAR_WAKEUP):
+                return self._evict(order, n)
         return None
+
+    def _evict(self, order: list[tuple[str, EvictionClass]], n: int) -> list[Victim]:
+        victims = self.take(order, n)
+        taken: dict[str, int] = {}
+        for victim in victims:
+            owner = self.tier.owner(victim.run.seg)
+            taken[owner] = taken.get(owner, 0) + victim.run.blocks
+        for owner, blocks in taken.items():
+            if blocks >= self.tier.session_resident.get(owner, 0):
+                self._index.discard(owner)
+        self._count_victims(victims)
+        return victims
 
 
 class TenureExactGap(TenureGate):

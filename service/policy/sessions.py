@@ -104,6 +104,11 @@ class SessionPolicy(TierPolicy):
         elif not hint.suspended:
             life.ttl_deadline = None
 
+    def forget(self, session: str) -> None:
+        self.lives.pop(session, None)
+        if session in self._reclaim:
+            self._reclaim.remove(session)
+
     def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:
         self.life(session).refused = True
 

@@ -45,6 +45,7 @@ class HostTier:
         self.used = 0
         self.counters: Counter[str] = Counter()
         self._seg_ids: dict[Hashable, int] = {}
+        self._seg_keys: list[Hashable] = []
         self._seg_owner: list[str] = []
         self._bitmaps: list[bytearray] = []
         self._seg_resident: list[int] = []
@@ -60,6 +61,7 @@ class HostTier:
         if seg is None:
             seg = len(self._seg_owner)
             self._seg_ids[key] = seg
+            self._seg_keys.append(key)
             self._seg_owner.append(session)
             self._bitmaps.append(bytearray())
             self._seg_resident.append(0)
@@ -231,6 +233,17 @@ class HostTier:
     def drop_session(self, session: str) -> int:
         segs = self.segments_of(session)
         return self.drop([Run(seg, 0, len(self._bitmaps[seg])) for seg in segs])
+
+    def forget_session(self, session: str) -> bool:
+        """Drop a session that holds no blocks from the books (long-running engines call this
+        for finished sessions so memory does not grow); returns whether it was forgotten."""
+        if self.session_resident.get(session, 0) > 0:
+            return False
+        for seg in self._session_segments.pop(session, ()):
+            self._bitmaps[seg] = bytearray()
+            self._seg_ids.pop(self._seg_keys[seg], None)
+        self.policy.forget(session)
+        return True
 
     # --- internals --------------------------------------------------------------------------
 
