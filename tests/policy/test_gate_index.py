@@ -76,7 +76,7 @@ def test_indexed_gate_matches_reference_scan(name: str, seed: int) -> None:
                 assert victims is None
             else:
                 assert victims is not None
-                got = []
+                got: list[tuple[str, EvictionClass]] = []
                 for v in victims:
                     owner = probe.owner(v.run.seg)
                     if not got or got[-1] != (owner, v.cls):
