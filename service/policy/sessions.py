@@ -10,6 +10,7 @@ its tail). Subclasses only order the victims: :meth:`victim_order`.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from service.policy.base import PolicyParams, TierPolicy
 from service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 __all__ = ["SessionLife", "SessionPolicy"]
+
+#: Idle gaps remembered for the hint-free horizon (the most recent ones).
+_GAP_WINDOW = 512
 
 
 @dataclass(slots=True)
@@ -46,9 +50,10 @@ class SessionPolicy(TierPolicy):
         self.lives: dict[str, SessionLife] = {}
         self._reclaim: list[str] = []
         self._ttl_heap: list[tuple[float, str]] = []
-        # Observed idle gaps (request finish -> next request start), for hint-free horizons.
-        self._gaps: deque[float] = deque(maxlen=512)
-        self._gap_quantile_cache: dict[float, float] = {}
+        # Observed idle gaps (request finish -> next request start), for hint-free horizons:
+        # the window in arrival order and the same values kept sorted (O(1) quantiles).
+        self._gaps: deque[float] = deque()
+        self._gaps_sorted: list[float] = []
 
     def peek(self, session: str) -> SessionLife:
         """The session's life, or a fresh default without recording it (queries change nothing)."""
@@ -66,8 +71,7 @@ class SessionPolicy(TierPolicy):
     def on_request_start(self, session: str, now: float) -> None:
         life = self.life(session)
         if not life.active and life.last_activity > 0.0:
-            self._gaps.append(max(0.0, now - life.last_activity))
-            self._gap_quantile_cache.clear()
+            self._observe_gap(max(0.0, now - life.last_activity))
         life.active = True
         life.refused = False
         life.last_activity = now
@@ -179,17 +183,19 @@ class SessionPolicy(TierPolicy):
                     return victims
         raise AssertionError("take() was asked for more blocks than its candidates hold")
 
+    def _observe_gap(self, gap: float) -> None:
+        if len(self._gaps) == _GAP_WINDOW:
+            oldest = self._gaps.popleft()
+            del self._gaps_sorted[bisect_left(self._gaps_sorted, oldest)]
+        self._gaps.append(gap)
+        insort(self._gaps_sorted, gap)
+
     def idle_horizon(self, quantile: float, fallback_s: float) -> float:
         """The ``quantile`` of observed idle gaps: past it a silent session is probably gone."""
-        cached = self._gap_quantile_cache.get(quantile)
-        if cached is not None:
-            return cached
-        if len(self._gaps) < 5:
+        ordered = self._gaps_sorted
+        if len(ordered) < 5:
             return fallback_s
-        ordered = sorted(self._gaps)
-        value = ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
-        self._gap_quantile_cache[quantile] = value
-        return value
+        return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
 
     def select_victims(
         self, n: int, incoming: str | None, protected: Sequence[Run], now: float
