@@ -23,7 +23,10 @@ __all__ = ["UsageError", "main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("service.replay.cli", "replay agent traces through the engine model"),
     "serve": ("service.api.cli", "run the sidecar (OpenAI-compatible proxy + lifecycle API)"),
-    "up": ("service.stack_cli", "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it"),
+    "up": (
+        "service.stack_cli",
+        "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
@@ -85,4 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under ``python -m service.cli`` this file runs as ``__main__``, a second copy of the
+    # module: dispatch through the real ``service.cli`` so its UsageError is the one raised.
+    from service.cli import main as _main
+
+    sys.exit(_main())
