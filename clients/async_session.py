@@ -16,27 +16,24 @@ from openai import AsyncOpenAI, AsyncStream
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from clients._base import DEFAULT_TIMEOUT, SessionBase
 from clients._core import (
     Answer,
     Exchange,
     LifecycleRequest,
     RetryPolicy,
     SessionCore,
-    SessionState,
     Sleep,
     exchange,
-    lifecycle_base_url,
-    new_session_id,
 )
 from clients.errors import TenureLifecycleError
 
 __all__ = ["AsyncTenureSession"]
 
 _log = logging.getLogger("tenure.clients")
-_DEFAULT_TIMEOUT = httpx.Timeout(10.0)
 
 
-class AsyncTenureSession:
+class AsyncTenureSession(SessionBase[AsyncOpenAI, httpx.AsyncClient]):
     """One agent session: completions carry its hints; lifecycle calls go to the sidecar.
 
     ``async with AsyncTenureSession(client, session_id="task-42") as s:`` ends the session on
@@ -59,58 +56,21 @@ class AsyncTenureSession:
         end_on_exit: bool = True,
         _core: SessionCore | None = None,
     ) -> None:
-        self._core = _core or SessionCore(
-            session_id=session_id or new_session_id(),
+        super().__init__(
+            client,
+            http_client or httpx.AsyncClient(timeout=DEFAULT_TIMEOUT),
+            owns_http=http_client is None,
+            session_id=session_id,
             parent=parent,
             segment=segment,
             expected_gap_s=expected_gap_s,
+            api_key=api_key,
+            retry=retry,
+            end_on_exit=end_on_exit,
+            core=_core,
         )
-        self._client = client
-        self._base_url = lifecycle_base_url(client.base_url)
-        self._api_key = api_key if api_key is not None else client.api_key
-        self._auth = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=_DEFAULT_TIMEOUT)
-        self._retry = retry or RetryPolicy()
-        self._end_on_exit = end_on_exit
-
-    def __repr__(self) -> str:
-        # Never the API key: reprs end up in logs.
-        return f"AsyncTenureSession(session_id={self.session_id!r}, state={self.state!r})"
-
-    @property
-    def session_id(self) -> str:
-        return self._core.session_id
-
-    @property
-    def parent(self) -> str | None:
-        return self._core.parent
-
-    @property
-    def state(self) -> SessionState:
-        return self._core.state
-
-    @property
-    def turns(self) -> int:
-        return self._core.turns
 
     # ---- completions -------------------------------------------------------------------------
-
-    def hint_headers(
-        self,
-        *,
-        last_turn: bool = False,
-        expected_gap_s: float | None = None,
-        segment: str | None = None,
-    ) -> dict[str, str]:
-        """This session's ``X-Tenure-*`` headers, for calls made outside the SDK.
-
-        E.g. ``client.with_options(default_headers=s.hint_headers())`` for a framework that
-        owns the OpenAI client. Such calls are not counted in :attr:`turns`.
-        """
-        return self._core.hint_headers(
-            last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
-        )
 
     @overload
     async def chat(
