@@ -105,34 +105,32 @@ def _interval(stats: NDArray[np.float64], level: float) -> tuple[float, float]:
     return (float(lo), float(hi))
 
 
-def bootstrap_ci(
-    samples: Sequence[SeedSample], q: float, boot: int, seed: int = 0, level: float = 0.95
+def _percentile_ci(
+    samples: Sequence[SeedSample], q: float, boot: int, seed: int, level: float, clustered: bool
 ) -> tuple[float, float]:
-    """Per-turn percentile-bootstrap interval of the pooled ``q``-th percentile."""
     if boot <= 0 or not samples:
         return (float("nan"), float("nan"))
     rng = np.random.default_rng(seed)
-    pooled = _Pooled(samples, q, clustered=False)
+    pooled = _Pooled(samples, q, clustered=clustered)
     stats = [
         pooled.percentiles(pooled.draw(rng, min(_CHUNK, boot - start)))
         for start in range(0, boot, _CHUNK)
     ]
     return _interval(np.concatenate(stats), level)
+
+
+def bootstrap_ci(
+    samples: Sequence[SeedSample], q: float, boot: int, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Per-turn percentile-bootstrap interval of the pooled ``q``-th percentile."""
+    return _percentile_ci(samples, q, boot, seed, level, clustered=False)
 
 
 def clustered_ci(
     samples: Sequence[SeedSample], q: float, boot: int, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
     """Session-clustered bootstrap interval of the pooled ``q``-th percentile."""
-    if boot <= 0 or not samples:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    pooled = _Pooled(samples, q, clustered=True)
-    stats = [
-        pooled.percentiles(pooled.draw(rng, min(_CHUNK, boot - start)))
-        for start in range(0, boot, _CHUNK)
-    ]
-    return _interval(np.concatenate(stats), level)
+    return _percentile_ci(samples, q, boot, seed, level, clustered=True)
 
 
 def paired_delta(
