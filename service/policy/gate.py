@@ -77,8 +77,12 @@ class TenureGate(SessionPolicy):
 
     def _reindex(self, session: str) -> None:
         life = self.lives.get(session)
-        if life is None or life.active or self.tier.session_resident.get(session, 0) <= 0:
+        if self.tier.session_resident.get(session, 0) <= 0 or (life is not None and life.active):
             self._index.discard(session)
+        elif life is None:
+            # Blocks of a session that never made a request itself (another session stored
+            # into its segment): no lifecycle to go by, so it counts as idle since time 0.
+            self._index.add_untimed(session, 0.0)
         elif life.finished:
             self._index.add_finished(session)
         elif life.wakeup is not None:

@@ -11,7 +11,8 @@ Two kinds of idle sessions are kept apart:
 * *timed* ones have a hinted wake-up; they sit in two sorted lists, by wake-up and by deadline
   (wake-up + slack), fixed when the session goes idle;
 * *untimed* ones (no gap hint: tags-off) wake at ``last_activity + horizon`` with one horizon for
-  all, so their order is their last-activity order: an insertion-ordered dict.
+  all, so their order is their last-activity order: a third sorted list. (Not insertion order:
+  a session is re-indexed with its old last activity when another session stores into it.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class WakeIndex:
         self._by_wakeup: list[tuple[float, str]] = []
         self._by_deadline: list[tuple[float, str]] = []
         self._timed: dict[str, tuple[float, float]] = {}  # session -> (wakeup, deadline)
-        self._untimed: dict[str, float] = {}  # session -> last activity, oldest first
+        self._untimed: dict[str, float] = {}  # session -> last activity
+        self._by_last: list[tuple[float, str]] = []
         self.finished: dict[str, None] = {}  # finished sessions still holding blocks
 
     def __contains__(self, session: str) -> bool:
@@ -44,7 +46,9 @@ class WakeIndex:
             wakeup, deadline = entry
             _remove(self._by_wakeup, (wakeup, session))
             _remove(self._by_deadline, (deadline, session))
-        self._untimed.pop(session, None)
+        last = self._untimed.pop(session, None)
+        if last is not None:
+            _remove(self._by_last, (last, session))
         self.finished.pop(session, None)
 
     def add_timed(self, session: str, wakeup: float, deadline: float) -> None:
@@ -56,6 +60,7 @@ class WakeIndex:
     def add_untimed(self, session: str, last_activity: float) -> None:
         self.discard(session)
         self._untimed[session] = last_activity
+        insort(self._by_last, (last_activity, session))
 
     def add_finished(self, session: str) -> None:
         self.discard(session)
@@ -70,7 +75,7 @@ class WakeIndex:
             if deadline >= now:
                 break
             late.append((self._timed[session][0], session))
-        for session, last in self._untimed.items():
+        for last, session in self._by_last:
             if untimed_deadline(last) >= now:
                 break
             late.append((last + horizon, session))
@@ -83,7 +88,7 @@ class WakeIndex:
         Overdue sessions never qualify: ``after`` is at least now, so they wake earlier.
         """
         timed = ((w, s) for w, s in reversed(self._by_wakeup))
-        untimed = ((last + horizon, s) for s, last in reversed(self._untimed.items()))
+        untimed = ((last + horizon, s) for last, s in reversed(self._by_last))
         for wakeup, session in heapq.merge(timed, untimed, reverse=True):
             if wakeup <= after or math.isnan(wakeup):
                 return

@@ -55,6 +55,7 @@ def test_indexed_gate_matches_reference_scan(name: str, seed: int) -> None:
     gate = tier.policy
     assert isinstance(gate, TenureGate)
     lengths: dict[str, int] = {}
+    shared: dict[str, int] = {}
     now = 0.0
     compared = 0
     for _ in range(400):
@@ -67,6 +68,15 @@ def test_indexed_gate_matches_reference_scan(name: str, seed: int) -> None:
         last = rng.random() < 0.05
         tier.request_start(session, now)
         tier.hint(session, SessionHint(expected_gap_s=gap, last_turn=last), now)
+        if rng.random() < 0.15:
+            # Store into a segment another session owns (a shared prefix; a ghost owner that
+            # never makes a request itself): the owner's residency changes while it is idle.
+            other = rng.choice([f"ghost{rng.randrange(3)}", f"s{rng.randrange(15)}"])
+            if other != session:
+                other_seg = tier.segment((other, "shared"), other)
+                start = shared.get(other, 0)
+                if tier.store([Run(other_seg, start, start + 2)], session, now).admitted:
+                    shared[other] = start + 2
         need = new - (tier.capacity or 0) + tier.used
         if need > 0 and not gate.peek(session).refused:
             probe = copy.deepcopy(tier)
@@ -89,6 +99,7 @@ def test_indexed_gate_matches_reference_scan(name: str, seed: int) -> None:
         tier.hint(session, SessionHint(expected_gap_s=gap, last_turn=last), now + 1.0)
         if last:
             lengths[session] = 0
+            shared.pop(session, None)
             tier.drop_session(session)
             assert tier.forget_session(session)
     assert compared > 20
