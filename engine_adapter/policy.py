@@ -260,15 +260,19 @@ class TenureCachePolicy(CachePolicy):
         info = self._request(ctx, now)
         session = info.session
         assert session is not None
+        # Two passes: plan the offer's (key, segment, index) placements without touching the
+        # maps, ask the gate, and write them only if it admits. Under overload most offers are
+        # refused, and a refusal then costs no writes to undo.
         runs: list[Run] = []
-        n_new = 0
+        planned: list[tuple[OffloadKey, int, int]] = []
         run_seg = run_start = run_stop = -1
-        chunks, staged, loc_map = self.chunks, self._staged, self._loc
-        key_at, frontier = self._key_at, self._frontier
+        chunks, staged = self.chunks, self._staged
+        key_at = self._key_at
         positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
         unit = self.block_tokens
         seg = info.seg
         slots = key_at[seg]
+        taken: dict[int, OffloadKey] = {}  # indices this offer claims in ``seg``
         for key in keys_to_store:
             if key in chunks or key in staged:
                 continue
@@ -278,28 +282,27 @@ class TenureCachePolicy(CachePolicy):
             else:
                 index = self._index(key, ctx, info)
                 unit = self.block_tokens
-            if index < len(slots) and slots[index] is not None and slots[index] != key:
+            other = taken.get(index)
+            if other is None and index < len(slots):
+                other = slots[index]
+            if other is not None and other != key:
                 # Same session, same position, different content (an edited or branched
                 # context): continue in a fork segment so residency stays one key per slot.
                 info.forks += 1
                 info.seg = seg = self._segment(session, (info.tags.segment, "fork", info.forks))
                 slots = key_at[seg]
-            if len(slots) <= index:
-                slots.extend([None] * (index + 1 - len(slots)))
-            slots[index] = key
-            loc_map[key] = (seg, index)
-            if index >= frontier[seg]:
-                frontier[seg] = index + 1
-            staged.add(key)
-            n_new += 1
+                taken = {}
+            taken[index] = key
+            planned.append((key, seg, index))
             if seg == run_seg and index == run_stop:
                 run_stop += 1
             else:
                 if run_seg >= 0:
                     runs.append(Run(run_seg, run_start, run_stop))
                 run_seg, run_start, run_stop = seg, index, index + 1
-        if not n_new:
+        if not planned:
             return True
+        n_new = len(planned)
         runs.append(Run(run_seg, run_start, run_stop))
         info.next_index = run_stop
         protected = runs
@@ -311,18 +314,25 @@ class TenureCachePolicy(CachePolicy):
             protected = runs + self._pinned_runs()
         result = self.tier.store(protected, session, now)
         if not result.admitted:
-            for key in list(self._staged):
-                self._unplace(key)
-            self._staged.clear()
             self._refused = True
             self.stats["refusals"] += 1
             self.stats["refused_blocks"] += n_new
             return False
+        loc_map, frontier = self._loc, self._frontier
+        for key, seg, index in planned:
+            slots = key_at[seg]
+            if len(slots) <= index:
+                slots.extend([None] * (index + 1 - len(slots)))
+            slots[index] = key
+            loc_map[key] = (seg, index)
+            if index >= frontier[seg]:
+                frontier[seg] = index + 1
+            staged.add(key)
         # Counted when vLLM has inserted them (end_store): it may still drop the store.
         self._offer_blocks = n_new
         staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
-        for (seg, start, stop), cls in result.victims:
-            staged_victims.extend((k, cls) for k in key_at[seg][start:stop] if k is not None)
+        for (vseg, start, stop), cls in result.victims:
+            staged_victims.extend((k, cls) for k in key_at[vseg][start:stop] if k is not None)
         self._staged_victims = staged_victims
         return True
 

@@ -48,8 +48,9 @@ class Settings(BaseSettings):
     upstream_url: str = "http://127.0.0.1:8001"
     #: Replaces the caller's ``Authorization`` upstream when set (vLLM ``--api-key``).
     upstream_api_key: SecretStr | None = None
-    #: HTTP client for the upstream hop: ``aiohttp`` (fast) or ``httpx``.
-    upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    #: HTTP client for the upstream hop: ``raw`` (asyncio + httptools, the fastest),
+    #: ``aiohttp`` or ``httpx``.
+    upstream_client: Literal["raw", "aiohttp", "httpx"] = "raw"
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0, le=600)
     #: Longest silence allowed between upstream bytes (a long generation streams, so this is
     #: a read timeout, not a whole-request deadline).

@@ -11,7 +11,12 @@ the upstream, then through the proxy, in two phases each:
   loop's latency is just concurrency / throughput (queueing), which says nothing about the
   time the proxy adds to a request; at a fixed offered load it does.
 
-Added latency is proxied minus direct, per percentile.
+Added latency is proxied minus direct, per percentile. The latency phase runs in ``--rounds``
+alternating direct/proxied rounds so both sides see the same background load. By default the
+sidecar gets a CPU of its own (the last one) and the load generator, upstream and Redis share
+the others, as in a deployment where the sidecar has its own CPU; ``--no-pin`` lets the kernel
+place them. ``--keep-cpus-awake`` measures without the VM's vCPU wake-up cost (see
+:func:`_awake_cpus`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rate", type=float, default=300.0,
         help="offered load of the latency phase, requests/s (default 300)",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=5,
+        help="alternating direct/proxied latency rounds (default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-pin", dest="pin", action="store_false",
+        help="let the kernel place the processes (default: the sidecar gets the last CPU, "
+        "the load generator, upstream and Redis the others)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep-cpus-awake", action="store_true",
+        help="run a lowest-priority spinner per CPU so no vCPU halts between packets "
+        "(separates a VM's wake-up latency from the proxy's)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.add_argument(
         "--no-hints", action="store_true", help="plain pass-through (no session header)"
@@ -72,11 +91,18 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
 
 @contextmanager
 def _process(
-    argv: list[str], port: int, what: str, env: dict[str, str] | None = None
+    argv: list[str],
+    port: int,
+    what: str,
+    env: dict[str, str] | None = None,
+    cpus: set[int] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
+    if cpus is not None:
+        # Right after the fork, before the interpreter starts any thread (they inherit it).
+        os.sched_setaffinity(process.pid, cpus)
     try:
         _wait_port(port, process, what)
         yield process
@@ -135,32 +161,123 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _phase(
-    port: int, concurrency: int, total: int, hints: bool, rate: float, pid: int | None = None
-) -> dict[str, Any]:
+async def _warm(port: int, concurrency: int, hints: bool) -> None:
     from service.api.bench_load import run_load
 
-    await run_load(port, _requests(concurrency, min(total, 50 * concurrency) // 4, hints))
-    buckets_before = _sidecar_buckets(port) if pid is not None else {}
+    await run_load(port, _requests(concurrency, 50 * concurrency // 4, hints))
+
+
+async def _latencies(
+    port: int, concurrency: int, total: int, hints: bool, rate: float
+) -> list[float]:
+    from service.api.bench_load import run_load
+
     latencies, _elapsed, errors = await run_load(
         port, _requests(concurrency, total, hints), rate_per_s=rate
     )
-    buckets = _sidecar_buckets(port) if pid is not None else {}
-    in_sidecar = {le: count - buckets_before.get(le, 0.0) for le, count in buckets.items()}
-    cpu_before = _cpu_seconds(pid) if pid is not None else float("nan")
-    done, elapsed, more_errors = await run_load(port, _requests(concurrency, total, hints))
-    cpu = (_cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
-    errors += more_errors
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
+    return latencies
+
+
+async def _throughput(
+    port: int, concurrency: int, total: int, hints: bool, pid: int | None = None
+) -> tuple[float, float]:
+    """Closed loop: requests/s, and the sidecar's CPU ms per request when ``pid`` is given."""
+    from service.api.bench_load import run_load
+
+    cpu_before = _cpu_seconds(pid) if pid is not None else float("nan")
+    done, elapsed, errors = await run_load(port, _requests(concurrency, total, hints))
+    cpu = (_cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
+    if errors:
+        raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
+    return len(done) / elapsed, cpu / len(done) * 1000
+
+
+async def _measure(
+    direct_port: int, proxy_port: int, sidecar_pid: int, args: argparse.Namespace, hints: bool
+) -> dict[str, Any]:
+    """Latency in ``--rounds`` alternating direct/proxied rounds (both sides see the same
+    background load, which drifts on a shared VM), then throughput of each side."""
+    c, rate, rounds = args.concurrency, args.rate, args.rounds
+    per_round = max(c, args.requests // rounds)
+    await _warm(direct_port, c, hints)
+    await _warm(proxy_port, c, hints)
+    buckets_before = _sidecar_buckets(proxy_port)
+    direct: list[float] = []
+    proxied: list[float] = []
+    added_by_round: list[float] = []
+    for index in range(rounds):
+        d = await _latencies(direct_port, c, per_round, hints, rate)
+        p = await _latencies(proxy_port, c, per_round, hints, rate)
+        direct += d
+        proxied += p
+        added = (_percentile(p, 0.5) - _percentile(d, 0.5)) * 1000
+        added_by_round.append(round(added, 3))
+        print(f"  latency round {index + 1}/{rounds}: added p50 {added:.3f} ms", flush=True)
+    buckets = _sidecar_buckets(proxy_port)
+    in_sidecar = {le: count - buckets_before.get(le, 0.0) for le, count in buckets.items()}
+    direct_rps, _ = await _throughput(direct_port, c, args.requests, hints)
+    proxy_rps, cpu_ms = await _throughput(proxy_port, c, args.requests, hints, sidecar_pid)
     return {
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p99_ms": _percentile(latencies, 0.99) * 1000,
-        "rps": len(done) / elapsed,
-        "cpu_ms_per_request": cpu / len(done) * 1000,
+        "direct_p50_ms": _percentile(direct, 0.50) * 1000,
+        "direct_p99_ms": _percentile(direct, 0.99) * 1000,
+        "proxy_p50_ms": _percentile(proxied, 0.50) * 1000,
+        "proxy_p99_ms": _percentile(proxied, 0.99) * 1000,
+        "direct_rps": direct_rps,
+        "proxy_rps": proxy_rps,
+        "cpu_ms_per_request": cpu_ms,
         "in_sidecar_p50_ms": _bucket_quantile(in_sidecar, 0.50) * 1000,
         "in_sidecar_p99_ms": _bucket_quantile(in_sidecar, 0.99) * 1000,
+        "added_p50_ms_by_round": added_by_round,
     }
+
+
+_SPIN = """
+import contextlib, os
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+# With autogroups on, a new session is a scheduling group that competes at full weight
+# whatever its tasks' policy: give the group the lowest weight as well.
+with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+    f.write("19")
+while True:
+    pass
+"""
+
+
+@contextmanager
+def _awake_cpus(enabled: bool) -> Iterator[None]:
+    """One lowest-priority (SCHED_IDLE) spinner per CPU, so no vCPU ever halts.
+
+    On a VM an idle vCPU halts, and waking it for the next packet costs a trip through the
+    hypervisor (tens to hundreds of microseconds, more under steal): a ping-pong benchmark pays
+    it at every hop. The spinners yield to any runnable process at once; they are what
+    ``idle=poll`` would do, and tell the VM's wake-up cost apart from the proxy's own.
+    """
+    if not enabled or not hasattr(os, "SCHED_IDLE"):
+        yield
+        return
+    spinners = []
+    try:
+        for cpu in sorted(os.sched_getaffinity(0)):
+            spinner = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True)
+            os.sched_setaffinity(spinner.pid, {cpu})
+            spinners.append(spinner)
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def _placement(pin: bool) -> tuple[set[int], set[int]] | None:
+    """(CPUs for the sidecar, CPUs for everything else), or None to let the kernel place."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[-1]}, set(cpus[:-1])
 
 
 def _sidecar_buckets(port: int) -> dict[float, float]:
@@ -202,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--concurrency must be >= 1 and --requests >= --concurrency")
     if not args.rate > 0:
         raise UsageError("--rate must be > 0")
+    if args.rounds < 1:
+        raise UsageError("--rounds must be >= 1")
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
         raise UsageError("redis-server is not installed (apt-get install redis-server)")
@@ -223,37 +342,63 @@ def run(args: argparse.Namespace) -> int:
         }
         upstream_argv = [sys.executable, "-m", "service.api.bench_load", "--port"]
         sidecar_argv = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
+        placement = _placement(args.pin)
+        side_cpus, rest_cpus = placement if placement is not None else (None, None)
+        saved_affinity = os.sched_getaffinity(0) if placement is not None else None
         with (
-            _process(redis_argv, redis_port, "redis-server"),
-            _process([*upstream_argv, str(upstream_port)], upstream_port, "upstream"),
-            _process(sidecar_argv, sidecar_port, "sidecar", env) as sidecar,
+            _awake_cpus(args.keep_cpus_awake),
+            _process(redis_argv, redis_port, "redis-server", cpus=rest_cpus),
+            _process(
+                [*upstream_argv, str(upstream_port)], upstream_port, "upstream", cpus=rest_cpus
+            ),
+            _process(sidecar_argv, sidecar_port, "sidecar", env, cpus=side_cpus) as sidecar,
         ):
+            where = (
+                f"sidecar pinned to CPU {sorted(side_cpus)}, load generator, upstream and Redis "
+                f"to {sorted(rest_cpus)}"
+                if side_cpus is not None and rest_cpus is not None
+                else "no CPU pinning"
+            )
+            if args.keep_cpus_awake:
+                where += ", idle CPUs kept awake"
             print(
                 f"tenure bench proxy: concurrency {args.concurrency}, {args.requests} requests "
-                f"per phase, latency at {args.rate:g} req/s, hints {'on' if hints else 'off'}, "
-                "Redis on"
+                f"per phase, latency at {args.rate:g} req/s in {args.rounds} alternating rounds, "
+                f"hints {'on' if hints else 'off'}, Redis on, {where}",
+                flush=True,
             )
-            c, n, rate = args.concurrency, args.requests, args.rate
-            direct = asyncio.run(_phase(upstream_port, c, n, hints, rate))
-            proxied = asyncio.run(_phase(sidecar_port, c, n, hints, rate, sidecar.pid))
+            try:
+                if rest_cpus is not None:
+                    os.sched_setaffinity(0, rest_cpus)
+                measured = asyncio.run(
+                    _measure(upstream_port, sidecar_port, sidecar.pid, args, hints)
+                )
+            finally:
+                if saved_affinity is not None:
+                    os.sched_setaffinity(0, saved_affinity)
+    m = measured
     result = {
         "concurrency": args.concurrency,
-        "direct_p50_ms": round(direct["p50_ms"], 3),
-        "direct_p99_ms": round(direct["p99_ms"], 3),
-        "proxy_p50_ms": round(proxied["p50_ms"], 3),
-        "proxy_p99_ms": round(proxied["p99_ms"], 3),
-        "added_p50_ms": round(proxied["p50_ms"] - direct["p50_ms"], 3),
-        "added_p99_ms": round(proxied["p99_ms"] - direct["p99_ms"], 3),
-        "direct_rps": round(direct["rps"], 1),
-        "proxy_rps": round(proxied["rps"], 1),
+        "direct_p50_ms": round(m["direct_p50_ms"], 3),
+        "direct_p99_ms": round(m["direct_p99_ms"], 3),
+        "proxy_p50_ms": round(m["proxy_p50_ms"], 3),
+        "proxy_p99_ms": round(m["proxy_p99_ms"], 3),
+        "added_p50_ms": round(m["proxy_p50_ms"] - m["direct_p50_ms"], 3),
+        "added_p99_ms": round(m["proxy_p99_ms"] - m["direct_p99_ms"], 3),
+        "direct_rps": round(m["direct_rps"], 1),
+        "proxy_rps": round(m["proxy_rps"], 1),
         "latency_offered_rps": args.rate,
+        "rounds": args.rounds,
+        "added_p50_ms_by_round": m["added_p50_ms_by_round"],
+        "pinned": placement is not None,
+        "cpus_kept_awake": bool(args.keep_cpus_awake),
         # CPU the sidecar process spent per proxied request in the throughput phase: the
         # figure that does not depend on what else shares the machine.
-        "proxy_cpu_ms_per_request": round(proxied["cpu_ms_per_request"], 3),
+        "proxy_cpu_ms_per_request": round(m["cpu_ms_per_request"], 3),
         # The sidecar's own time per request (its histogram, upstream excluded) in the latency
-        # phase: what the proxy adds before process scheduling on a shared machine.
-        "in_sidecar_p50_ms": round(proxied["in_sidecar_p50_ms"], 3),
-        "in_sidecar_p99_ms": round(proxied["in_sidecar_p99_ms"], 3),
+        # rounds: what the proxy adds before process scheduling on a shared machine.
+        "in_sidecar_p50_ms": round(m["in_sidecar_p50_ms"], 3),
+        "in_sidecar_p99_ms": round(m["in_sidecar_p99_ms"], 3),
     }
     for key, value in result.items():
         print(f"  {key:15s} {value}")

@@ -38,7 +38,7 @@ def serve(args: argparse.Namespace) -> int:
     loop = "uvloop" if _has("uvloop") else "asyncio"
     http = "httptools" if _has("httptools") else "h11"
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, freeze_gc=True),
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,

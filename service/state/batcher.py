@@ -3,7 +3,7 @@
 Under load many requests reach their Redis call in the same iteration of the loop; sending
 them as one pipeline costs one connection checkout, one write and one read instead of one of
 each per call, without adding latency: the flush runs as soon as the loop gets to it
-(``call_soon``), never on a timer. Each caller still gets its own result or exception.
+(the next iteration), never on a timer. Each caller still gets its own result or exception.
 """
 
 from __future__ import annotations
@@ -36,16 +36,23 @@ class ScriptBatcher:
         self._queue.append((script, keys, args, future))
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._flush)
+            self._track(loop.create_task(self._drain()))
         return await future
 
-    def _flush(self) -> None:
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self) -> None:
+        # A task's first step runs in the loop's next iteration, after every call queued in
+        # this one; the first batch is sent from this task at once (no further hop), the
+        # rest, if any, in parallel tasks.
         self._scheduled = False
-        while self._queue:
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            task = asyncio.get_running_loop().create_task(self._execute(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        queue, self._queue = self._queue, []
+        loop = asyncio.get_running_loop()
+        for start in range(MAX_BATCH, len(queue), MAX_BATCH):
+            self._track(loop.create_task(self._execute(queue[start : start + MAX_BATCH])))
+        await self._execute(queue[:MAX_BATCH])
 
     async def _execute(self, batch: list[_Call]) -> None:
         if len(batch) == 1:
