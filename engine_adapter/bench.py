@@ -281,6 +281,33 @@ def run(
     return out
 
 
+def plot_scaling(result: dict[str, Any], path: Path) -> None:
+    """Cost per call against live sessions (log scale), the policy beside vLLM's LRU."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["scaling"]
+    sessions = [row["sessions"] for row in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot(sessions, [row["tenure_ns_per_op"] for row in rows], "o-", color="#c44e52",
+            label=f"{result['policy']} (adapter + decision core)")  # fmt: skip
+    ax.plot(sessions, [row["vllm_lru_ns_per_op"] for row in rows], "s--", color="#4c72b0",
+            label="vLLM LRUCachePolicy")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("live sessions")
+    ax.set_ylabel("CPU ns per CachePolicy call")
+    ax.set_title(f"Policy cost per call ({result['requests']} requests per point, best of runs)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _main(args: argparse.Namespace) -> int:
     from service.cli import UsageError
     from service.policy import UnknownPolicyError, policy_class
@@ -323,11 +350,15 @@ def _main(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path}")
+    if args.plot:
+        plot_scaling(result, Path(args.plot))
+        print(f"wrote {args.plot}")
     return 0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="also plot the scaling sweep (PNG)")
     parser.add_argument(
         "--policy", default="tenure", help="core policy to measure (default tenure)"
     )

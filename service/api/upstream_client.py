@@ -1,8 +1,9 @@
 """The HTTP client for the hop to the upstream, behind one small interface.
 
-Two implementations: ``aiohttp`` (the default: on this project's benchmark machine one proxied
-request costs about 0.4 ms of client CPU with it against about 3 ms with httpx, which alone
-capped the proxy near 300 requests/s) and ``httpx`` (used when a test injects an httpx
+Three implementations: :class:`~service.api.raw_upstream.RawUpstream` (the default: asyncio +
+httptools, the cheapest per request), ``aiohttp`` (on this project's benchmark machine one
+proxied request costs about 0.4 ms of client CPU with it against about 3 ms with httpx, which
+alone capped the proxy near 300 requests/s) and ``httpx`` (used when a test injects an httpx
 transport, e.g. ``httpx.MockTransport``). Both keep bytes raw (no decompression), stream the
 body chunk by chunk, and map failures to :class:`UpstreamError` (``unreachable`` / ``timeout``).
 """
