@@ -207,3 +207,24 @@ def test_per_session_tables_stay_bounded(monkeypatch):
     assert len(policy._last_hint) <= 50 + 8
     assert len(policy._ended) <= 50 + 8
     check_books(manager)
+
+
+def test_vllm_033_insert_with_request_context_maps_the_key_to_its_session() -> None:
+    """vLLM 0.33 calls ``insert(key, chunk, req_context)`` (0.32: ``insert(key, chunk)``); a
+    block inserted without a prior gate decision is placed in the context's session."""
+    from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+    from engine_adapter.policies import policy_class_for
+
+    policy = policy_class_for("tenure")(cache_capacity=8)
+    policy.block_tokens = BLOCK
+    keys = [key(7, i) for i in range(3)]
+    ctx = make_ctx("r-033", keys, {"session_id": "s-033"})
+    for n, k in enumerate(keys):
+        chunk = ChunkStatus(n)
+        policy.insert(k, chunk, ctx)
+        chunk.ref_cnt = 0
+        policy.mark_evictable(k)
+    assert policy.resident_blocks("s-033") == 3
+    policy.insert(key(8, 0), ChunkStatus(9))  # the 0.32 signature still works
+    assert len(policy.chunks) == 4
