@@ -12,11 +12,11 @@ the upstream, then through the proxy, in two phases each:
   time the proxy adds to a request; at a fixed offered load it does.
 
 Added latency is proxied minus direct, per percentile. The latency phase runs in ``--rounds``
-alternating direct/proxied rounds so both sides see the same background load. By default the
-sidecar gets a CPU of its own (the last one) and the load generator, upstream and Redis share
-the others, as in a deployment where the sidecar has its own CPU; ``--no-pin`` lets the kernel
-place them. ``--keep-cpus-awake`` measures without the VM's vCPU wake-up cost (see
-:func:`_awake_cpus`).
+alternating direct/proxied rounds so both sides see the same background load. ``--pin`` gives
+the sidecar a CPU of its own (the last one) and the load generator, upstream and Redis the
+others, as in a deployment where the sidecar has its own CPU (on this project's 2-vCPU VM it
+did not help: the three others then crowd one CPU). ``--keep-cpus-awake`` measures without the
+VM's vCPU wake-up cost (see :func:`_awake_cpus`).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="alternating direct/proxied latency rounds (default 5)",
     )  # fmt: skip
     parser.add_argument(
-        "--no-pin", dest="pin", action="store_false",
-        help="let the kernel place the processes (default: the sidecar gets the last CPU, "
-        "the load generator, upstream and Redis the others)",
+        "--pin", action="store_true",
+        help="give the sidecar the last CPU and the load generator, upstream and Redis the "
+        "others (default: the kernel places them)",
     )  # fmt: skip
     parser.add_argument(
         "--keep-cpus-awake", action="store_true",
