@@ -114,7 +114,9 @@ async def run_load(
     latencies: list[float] = []
     errors: list[str] = []
     connections = len(per_connection)
-    started = time.perf_counter() + 0.05
+    # Open loop: the schedule starts a moment from now, once every connection is open;
+    # closed loop: the clock starts now.
+    started = time.perf_counter() + (0.05 if rate_per_s is not None else 0.0)
     schedules: list[list[float] | None] = []
     for conn, reqs in enumerate(per_connection):
         if rate_per_s is None:

@@ -1,0 +1,42 @@
+"""``tenure bench proxy`` end to end, at a size that runs in seconds: real processes, real JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KEYS = {
+    "concurrency", "direct_p50_ms", "direct_p99_ms", "proxy_p50_ms", "proxy_p99_ms",
+    "added_p50_ms", "added_p99_ms", "direct_rps", "proxy_rps",
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
+    out = tmp_path / "proxy.json"
+    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--concurrency", "4",
+            "--requests", "80", "--rounds", "2", "--rate", "200", "--json", str(out)]  # fmt: skip
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "latency round 2/2" in run.stdout
+    result = json.loads(out.read_text())
+    assert set(result) >= KEYS
+    assert result["concurrency"] == 4 and result["rounds"] == 2
+    assert result["proxy_rps"] > 0 and result["direct_rps"] > 0
+    assert all(math.isfinite(result[k]) for k in KEYS)
+    assert result["added_p50_ms"] == pytest.approx(
+        result["proxy_p50_ms"] - result["direct_p50_ms"], abs=0.002
+    )
+    assert len(result["added_p50_ms_by_round"]) == 2
+
+
+def test_bench_proxy_rejects_bad_arguments() -> None:
+    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--rounds", "0"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "--rounds must be >= 1" in run.stderr
