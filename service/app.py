@@ -163,8 +163,9 @@ def create_app(
 
         client = _redis(settings, settings.redis_timeout_s)
         store = StateStore(
-            client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error), limits
-        )
+            client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error), limits,
+            multiplex=settings.redis_multiplex,
+        )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
         runtime = Runtime(
             store, metrics, gap_log_len=settings.gap_observations_maxlen,
@@ -233,8 +234,10 @@ def create_app(
             if push is not None:
                 await push.stop()
             await upstream.aclose()
+            await store.aclose()
             await client.aclose()
             if tail_client is not None:
+                await tail_store.aclose()
                 await tail_client.aclose()
 
     app = SidecarApp(

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     #: All keys live under this prefix (several deployments can share one Redis).
     redis_prefix: str = "tenure"
     redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    #: The proxy's two per-request scripts over one pipelined connection (plain TCP URLs);
+    #: false = through redis-py's pool, as every other call.
+    redis_multiplex: bool = True
     #: After a Redis failure, skip Redis for this long before trying again (fail fast).
     redis_retry_after_s: float = Field(default=1.0, gt=0, le=300)
     #: Finished sessions stay readable this long, then expire.

@@ -4,6 +4,8 @@ Under load many requests reach their Redis call in the same iteration of the loo
 them as one pipeline costs one connection checkout, one write and one read instead of one of
 each per call, without adding latency: the flush runs as soon as the loop gets to it
 (the next iteration), never on a timer. Each caller still gets its own result or exception.
+A call made while nothing else is queued or in flight is sent at once (light load: waiting an
+iteration would only add latency).
 """
 
 from __future__ import annotations
@@ -29,8 +31,23 @@ class ScriptBatcher:
         self._queue: list[_Call] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._direct = 0  # calls sent straight from their caller's task, not answered yet
+        #: Calls sent straight / in pipelines (what the tests and benchmarks read).
+        self.direct_calls = 0
+        self.batched_calls = 0
 
     async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        if not self._queue and not self._direct:
+            # Nothing else waiting or in flight: send now, from the caller's task, rather than
+            # wait an event-loop iteration for company that is not coming (light load). Calls
+            # that arrive while this one is in flight queue up and go as one pipeline.
+            self._direct += 1
+            self.direct_calls += 1
+            try:
+                return await script(keys=keys, args=args)
+            finally:
+                self._direct -= 1
+        self.batched_calls += 1
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append((script, keys, args, future))

@@ -21,6 +21,7 @@ from service.state import scripts
 from service.state.batcher import ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
+from service.state.multiplex import MultiplexedScripts
 
 __all__ = [
     "GapObservation",
@@ -127,6 +128,8 @@ class StateStore:
         keys: Keys,
         breaker: Breaker,
         limits: StoreLimits | None = None,
+        *,
+        multiplex: bool = True,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -134,7 +137,15 @@ class StateStore:
         self.limits = limits or StoreLimits()
         self._turn_start: AsyncScript = client.register_script(scripts.TURN_START)
         self._apply: AsyncScript = client.register_script(scripts.APPLY)
-        self._batcher = ScriptBatcher(client)
+        # The two hot-path scripts: over one pipelined connection where the URL allows (plain
+        # TCP), else through redis-py with same-iteration calls coalesced.
+        fast = MultiplexedScripts.for_client(client) if multiplex else None
+        self._scripts: MultiplexedScripts | ScriptBatcher = fast or ScriptBatcher(client)
+
+    async def aclose(self) -> None:
+        """Close the hot path's own connection (the redis-py client is closed by its owner)."""
+        if isinstance(self._scripts, MultiplexedScripts):
+            await self._scripts.aclose()
 
     async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
         return await self.breaker.call(op, make)
@@ -182,7 +193,7 @@ class StateStore:
         ]
         args = [_json_encode(packed), decision_body(decision)]
         raw = await self._call(
-            "turn_start", lambda: self._batcher.call(self._turn_start, keys, args)
+            "turn_start", lambda: self._scripts.call(self._turn_start, keys, args)
         )
         sid, turn, prev_state, observed, seq, inferred = raw
         return TurnStart(
@@ -243,7 +254,7 @@ class StateStore:
             "0" if create else "1",
         ]
         args = [_json_encode(packed)]
-        raw = await self._call("apply", lambda: self._batcher.call(self._apply, keys, args))
+        raw = await self._call("apply", lambda: self._scripts.call(self._apply, keys, args))
         return int(raw[0]), int(raw[1])
 
     async def update_session(

@@ -1,0 +1,218 @@
+"""The hot path's Redis scripts over one pipelined connection: asyncio protocol + hiredis.
+
+The proxy makes two script calls per request (``turn_start`` before forwarding, ``apply`` after
+the answer). Through redis-py's asyncio client each call checks a connection out of the pool,
+arms a timeout context, packs, writes, reads and returns it, and the sidecar's profile showed
+that machinery costing more than the proxying itself. Redis answers the commands of one
+connection in order, so a single connection can carry every call at once: each call writes its
+``EVALSHA`` as soon as it is made and waits for its own reply, matched first in, first out.
+Calls made together share the socket's writes and reads without any batching step.
+
+Failure behaviour matches the client it replaces (the :class:`~service.state.breaker.Breaker`
+sees the same exceptions): no connection or a lost one raises ``redis.exceptions.ConnectionError``
+for every call in flight; a call with no reply within ``timeout_s`` raises
+``redis.exceptions.TimeoutError`` and drops the connection (later replies could no longer be
+matched to their calls); the next call reconnects. A script missing from the server's cache
+(a restarted Redis) is sent once with ``EVAL``, which also caches it again. Error replies are
+``redis.exceptions.ResponseError``, raised to the caller that got them only.
+
+Only plain TCP connections are multiplexed; unix-socket and TLS URLs keep redis-py
+(:meth:`MultiplexedScripts.for_client` returns ``None``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
+from redis.asyncio.connection import Connection, SSLConnection
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError, InvalidResponse, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = ["MultiplexedScripts"]
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        try:
+            while (reply := self.reader.gets()) is not False:
+                waiter = self.waiting.popleft()
+                if not waiter.done():  # a timed-out call's reply is read and dropped
+                    waiter.set_result(reply)
+        except (InvalidResponse, IndexError) as exc:
+            self.fail(ConnectionError(f"unreadable reply from Redis ({exc})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail_waiting(ConnectionError("connection to Redis lost"))
+
+    def send(self, payload: bytes) -> asyncio.Future[Any]:
+        assert self.transport is not None
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.transport.write(payload)
+        self.waiting.append(waiter)
+        return waiter
+
+    def fail(self, error: Exception) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        self._fail_waiting(error)
+
+    def _fail_waiting(self, error: Exception) -> None:
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+
+
+class MultiplexedScripts:
+    """``call(script, keys, args)`` like :class:`~service.state.batcher.ScriptBatcher`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        timeout_s: float = 0.5,
+        connect_timeout_s: float = 0.5,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._db = db
+        self._username = username
+        self._password = password
+        self._timeout = timeout_s
+        self._connect_timeout = connect_timeout_s
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Future[_Protocol] | None = None
+
+    def __repr__(self) -> str:  # never the password
+        return f"MultiplexedScripts({self._host}:{self._port}/{self._db})"
+
+    @classmethod
+    def for_client(cls, client: aioredis.Redis) -> MultiplexedScripts | None:
+        """The same server, database and credentials as ``client``; None unless plain TCP."""
+        pool = client.connection_pool
+        kind = pool.connection_class
+        if not issubclass(kind, Connection) or issubclass(kind, SSLConnection):
+            return None
+        kw = pool.connection_kwargs
+        if "path" in kw or "host" not in kw:
+            return None
+        return cls(
+            kw["host"],
+            int(kw.get("port", 6379)),
+            db=int(kw.get("db", 0) or 0),
+            username=kw.get("username"),
+            password=kw.get("password"),
+            timeout_s=kw.get("socket_timeout") or 0.5,
+            connect_timeout_s=kw.get("socket_connect_timeout") or 0.5,
+        )
+
+    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            protocol = await self._connect()
+        numkeys = len(keys)
+        reply = await self._await(
+            protocol, protocol.send(_pack("EVALSHA", script.sha, numkeys, *keys, *args))
+        )
+        if isinstance(reply, ResponseError):
+            error = _error(reply)  # redis-py's classes (LOADING, NOSCRIPT, ...)
+            if not isinstance(error, NoScriptError):
+                raise error
+            reply = await self._await(
+                protocol, protocol.send(_pack("EVAL", script.script, numkeys, *keys, *args))
+            )
+            if isinstance(reply, ResponseError):
+                raise _error(reply)
+        return reply
+
+    async def _await(self, protocol: _Protocol, waiter: asyncio.Future[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self._timeout, _expire, waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            raise
+        except RedisTimeoutError:
+            # Replies after this one can no longer be told apart: start over.
+            protocol.fail(ConnectionError("connection to Redis dropped after a timeout"))
+            raise
+        finally:
+            timer.cancel()
+
+    async def _connect(self) -> _Protocol:
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._open())
+        return await asyncio.shield(self._connecting)
+
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(_Protocol, self._host, self._port),
+                self._connect_timeout,
+            )
+        except TimeoutError:
+            raise RedisTimeoutError(
+                f"connecting to Redis at {self._host}:{self._port} timed out"
+            ) from None
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to Redis at {self._host}:{self._port}") from exc
+        setup: list[tuple[Any, ...]] = []
+        if self._password is not None:
+            auth = ("AUTH", self._password)
+            setup.append(auth if self._username is None else ("AUTH", self._username, *auth[1:]))
+        if self._db:
+            setup.append(("SELECT", self._db))
+        for command in setup:
+            reply = await self._await(protocol, protocol.send(_pack(*command)))
+            if isinstance(reply, ResponseError):
+                protocol.fail(ConnectionError("Redis refused the connection set-up"))
+                raise ConnectionError(f"Redis refused {command[0]}: {reply}")
+        self._protocol = protocol
+        return protocol
+
+    async def aclose(self) -> None:
+        if self._protocol is not None:
+            self._protocol.fail(ConnectionError("closed"))
+            self._protocol = None
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(RedisTimeoutError("no reply from Redis in time"))
+
+
+def _error(reply: ResponseError) -> ResponseError:
+    error: ResponseError = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
+    return error
+
+
+def _pack(*args: Any) -> bytes:
+    try:
+        payload: bytes = hiredis.pack_command(args)
+        return payload
+    except TypeError:  # what hiredis does not take, redis-py packs (or refuses) as usual
+        return b"".join(bytes(part) for part in Connection().pack_command(*args))
