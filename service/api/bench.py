@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -61,6 +62,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--keep-cpus-awake", action="store_true",
         help="run a lowest-priority spinner per CPU so no vCPU halts between packets "
         "(separates a VM's wake-up latency from the proxy's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--versus", action="append", metavar="TENURE_NAME=VALUE",
+        help="also run a second sidecar with this setting changed (repeatable), interleaved "
+        "round by round with the first: an A/B in one run (e.g. TENURE_UPSTREAM_CLIENT=aiohttp)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.add_argument(
@@ -195,41 +201,60 @@ async def _throughput(
 
 
 async def _measure(
-    direct_port: int, proxy_port: int, sidecar_pid: int, args: argparse.Namespace, hints: bool
+    direct_port: int,
+    sidecars: list[tuple[int, int]],
+    args: argparse.Namespace,
+    hints: bool,
 ) -> dict[str, Any]:
-    """Latency in ``--rounds`` alternating direct/proxied rounds (both sides see the same
-    background load, which drifts on a shared VM), then throughput of each side."""
+    """Latency in ``--rounds`` rounds, each direct then every sidecar (their order alternating
+    round to round), so all sides see the same background load, which drifts on a shared VM;
+    then throughput of each side. ``sidecars``: (port, pid), the measured one first."""
     c, rate, rounds = args.concurrency, args.rate, args.rounds
     per_round = max(c, args.requests // rounds)
     await _warm(direct_port, c, hints)
-    await _warm(proxy_port, c, hints)
-    buckets_before = _sidecar_buckets(proxy_port)
+    for port, _pid in sidecars:
+        await _warm(port, c, hints)
+    buckets_before = [_sidecar_buckets(port) for port, _pid in sidecars]
     direct: list[float] = []
-    proxied: list[float] = []
+    proxied: list[list[float]] = [[] for _ in sidecars]
     added_by_round: list[float] = []
     for index in range(rounds):
         d = await _latencies(direct_port, c, per_round, hints, rate)
-        p = await _latencies(proxy_port, c, per_round, hints, rate)
         direct += d
-        proxied += p
-        added = (_percentile(p, 0.5) - _percentile(d, 0.5)) * 1000
-        added_by_round.append(round(added, 3))
-        print(f"  latency round {index + 1}/{rounds}: added p50 {added:.3f} ms", flush=True)
-    buckets = _sidecar_buckets(proxy_port)
-    in_sidecar = {le: count - buckets_before.get(le, 0.0) for le, count in buckets.items()}
+        order = list(range(len(sidecars)))
+        if index % 2:
+            order.reverse()
+        for i in order:
+            proxied[i] += (p := await _latencies(sidecars[i][0], c, per_round, hints, rate))
+            if i == 0:
+                added = (_percentile(p, 0.5) - _percentile(d, 0.5)) * 1000
+                added_by_round.append(round(added, 3))
+        print(
+            f"  latency round {index + 1}/{rounds}: added p50 {added_by_round[-1]:.3f} ms",
+            flush=True,
+        )
     direct_rps, _ = await _throughput(direct_port, c, args.requests, hints)
-    proxy_rps, cpu_ms = await _throughput(proxy_port, c, args.requests, hints, sidecar_pid)
+    sides: list[dict[str, Any]] = []
+    for (port, pid), latencies, before in zip(sidecars, proxied, buckets_before, strict=True):
+        buckets = _sidecar_buckets(port)
+        in_sidecar = {le: count - before.get(le, 0.0) for le, count in buckets.items()}
+        rps, cpu_ms = await _throughput(port, c, args.requests, hints, pid)
+        sides.append(
+            {
+                "proxy_p50_ms": _percentile(latencies, 0.50) * 1000,
+                "proxy_p99_ms": _percentile(latencies, 0.99) * 1000,
+                "proxy_rps": rps,
+                "cpu_ms_per_request": cpu_ms,
+                "in_sidecar_p50_ms": _bucket_quantile(in_sidecar, 0.50) * 1000,
+                "in_sidecar_p99_ms": _bucket_quantile(in_sidecar, 0.99) * 1000,
+            }
+        )
     return {
         "direct_p50_ms": _percentile(direct, 0.50) * 1000,
         "direct_p99_ms": _percentile(direct, 0.99) * 1000,
-        "proxy_p50_ms": _percentile(proxied, 0.50) * 1000,
-        "proxy_p99_ms": _percentile(proxied, 0.99) * 1000,
         "direct_rps": direct_rps,
-        "proxy_rps": proxy_rps,
-        "cpu_ms_per_request": cpu_ms,
-        "in_sidecar_p50_ms": _bucket_quantile(in_sidecar, 0.50) * 1000,
-        "in_sidecar_p99_ms": _bucket_quantile(in_sidecar, 0.99) * 1000,
         "added_p50_ms_by_round": added_by_round,
+        "sides": sides,
     }
 
 
@@ -312,6 +337,34 @@ def _bucket_quantile(buckets: dict[float, float], q: float) -> float:
     return lower_le
 
 
+def _versus_env(pairs: list[str]) -> dict[str, str]:
+    from service.cli import UsageError
+
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.startswith("TENURE_"):
+            raise UsageError(f"--versus takes TENURE_NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+def _side(side: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "proxy_p50_ms": round(side["proxy_p50_ms"], 3),
+        "proxy_p99_ms": round(side["proxy_p99_ms"], 3),
+        "added_p50_ms": round(side["proxy_p50_ms"] - direct["direct_p50_ms"], 3),
+        "added_p99_ms": round(side["proxy_p99_ms"] - direct["direct_p99_ms"], 3),
+        "proxy_rps": round(side["proxy_rps"], 1),
+        # CPU the sidecar process spent per proxied request in the throughput phase.
+        "proxy_cpu_ms_per_request": round(side["cpu_ms_per_request"], 3),
+        # The sidecar's own time per request (its histogram, upstream excluded, Redis
+        # included) in the latency rounds.
+        "in_sidecar_p50_ms": round(side["in_sidecar_p50_ms"], 3),
+        "in_sidecar_p99_ms": round(side["in_sidecar_p99_ms"], 3),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from service.cli import UsageError
 
@@ -321,38 +374,56 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--rate must be > 0")
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")
+    versus = _versus_env(args.versus) if args.versus else None
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
         raise UsageError("redis-server is not installed (apt-get install redis-server)")
-    redis_port, upstream_port, sidecar_port = _free_port(), _free_port(), _free_port()
+    redis_port, upstream_port = _free_port(), _free_port()
+    ports = [_free_port() for _ in range(2 if versus else 1)]
     hints = not args.no_hints
     with tempfile.TemporaryDirectory(prefix="tenure-bench-") as tmp:
         redis_argv = [
             redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", tmp,
             "--save", "", "--appendonly", "no",
         ]  # fmt: skip
-        env = {
-            **os.environ,
-            "TENURE_HOST": "127.0.0.1",
-            "TENURE_PORT": str(sidecar_port),
-            "TENURE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
-            "TENURE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "TENURE_DEV_MODE": "1",
-            "TENURE_PUSH_ADDR": f"tcp://127.0.0.1:{_free_port()}",
-        }
+
+        def env(port: int, extra: dict[str, str]) -> dict[str, str]:
+            return {
+                **os.environ,
+                "TENURE_HOST": "127.0.0.1",
+                "TENURE_PORT": str(port),
+                "TENURE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
+                "TENURE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+                "TENURE_DEV_MODE": "1",
+                "TENURE_PUSH_ADDR": f"tcp://127.0.0.1:{_free_port()}",
+                **extra,
+            }
+
         upstream_argv = [sys.executable, "-m", "service.api.bench_load", "--port"]
         sidecar_argv = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
         placement = _placement(args.pin)
         side_cpus, rest_cpus = placement if placement is not None else (None, None)
         saved_affinity = os.sched_getaffinity(0) if placement is not None else None
-        with (
-            _awake_cpus(args.keep_cpus_awake),
-            _process(redis_argv, redis_port, "redis-server", cpus=rest_cpus),
-            _process(
-                [*upstream_argv, str(upstream_port)], upstream_port, "upstream", cpus=rest_cpus
-            ),
-            _process(sidecar_argv, sidecar_port, "sidecar", env, cpus=side_cpus) as sidecar,
-        ):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_awake_cpus(args.keep_cpus_awake))
+            stack.enter_context(_process(redis_argv, redis_port, "redis-server", cpus=rest_cpus))
+            stack.enter_context(
+                _process(
+                    [*upstream_argv, str(upstream_port)],
+                    upstream_port,
+                    "upstream",
+                    cpus=rest_cpus,
+                )
+            )
+            sidecars = [
+                (
+                    port,
+                    stack.enter_context(
+                        _process(sidecar_argv, port, "sidecar", env(port, extra), cpus=side_cpus)
+                    ).pid,
+                )
+                for port, extra in zip(ports, [{}, versus or {}], strict=False)
+            ]
             where = (
                 f"sidecar pinned to CPU {sorted(side_cpus)}, load generator, upstream and Redis "
                 f"to {sorted(rest_cpus)}"
@@ -361,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
             )
             if args.keep_cpus_awake:
                 where += ", idle CPUs kept awake"
+            if versus:
+                where += f"; versus a second sidecar with {versus}, interleaved"
             print(
                 f"tenure bench proxy: concurrency {args.concurrency}, {args.requests} requests "
                 f"per phase, latency at {args.rate:g} req/s in {args.rounds} alternating rounds, "
@@ -370,36 +443,32 @@ def run(args: argparse.Namespace) -> int:
             try:
                 if rest_cpus is not None:
                     os.sched_setaffinity(0, rest_cpus)
-                measured = asyncio.run(
-                    _measure(upstream_port, sidecar_port, sidecar.pid, args, hints)
-                )
+                m = asyncio.run(_measure(upstream_port, sidecars, args, hints))
             finally:
                 if saved_affinity is not None:
                     os.sched_setaffinity(0, saved_affinity)
-    m = measured
-    result = {
+    main = _side(m["sides"][0], m)
+    result: dict[str, Any] = {
         "concurrency": args.concurrency,
         "direct_p50_ms": round(m["direct_p50_ms"], 3),
         "direct_p99_ms": round(m["direct_p99_ms"], 3),
-        "proxy_p50_ms": round(m["proxy_p50_ms"], 3),
-        "proxy_p99_ms": round(m["proxy_p99_ms"], 3),
-        "added_p50_ms": round(m["proxy_p50_ms"] - m["direct_p50_ms"], 3),
-        "added_p99_ms": round(m["proxy_p99_ms"] - m["direct_p99_ms"], 3),
+        "proxy_p50_ms": main["proxy_p50_ms"],
+        "proxy_p99_ms": main["proxy_p99_ms"],
+        "added_p50_ms": main["added_p50_ms"],
+        "added_p99_ms": main["added_p99_ms"],
         "direct_rps": round(m["direct_rps"], 1),
-        "proxy_rps": round(m["proxy_rps"], 1),
+        "proxy_rps": main["proxy_rps"],
         "latency_offered_rps": args.rate,
         "rounds": args.rounds,
         "added_p50_ms_by_round": m["added_p50_ms_by_round"],
         "pinned": placement is not None,
         "cpus_kept_awake": bool(args.keep_cpus_awake),
-        # CPU the sidecar process spent per proxied request in the throughput phase: the
-        # figure that does not depend on what else shares the machine.
-        "proxy_cpu_ms_per_request": round(m["cpu_ms_per_request"], 3),
-        # The sidecar's own time per request (its histogram, upstream excluded) in the latency
-        # rounds: what the proxy adds before process scheduling on a shared machine.
-        "in_sidecar_p50_ms": round(m["in_sidecar_p50_ms"], 3),
-        "in_sidecar_p99_ms": round(m["in_sidecar_p99_ms"], 3),
+        "proxy_cpu_ms_per_request": main["proxy_cpu_ms_per_request"],
+        "in_sidecar_p50_ms": main["in_sidecar_p50_ms"],
+        "in_sidecar_p99_ms": main["in_sidecar_p99_ms"],
     }
+    if versus:
+        result["versus"] = {"env": versus, **_side(m["sides"][1], m)}
     for key, value in result.items():
         print(f"  {key:15s} {value}")
     if args.json is not None:

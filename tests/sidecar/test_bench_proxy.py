@@ -20,7 +20,8 @@ KEYS = {
 def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
     out = tmp_path / "proxy.json"
     argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--concurrency", "4",
-            "--requests", "80", "--rounds", "2", "--rate", "200", "--json", str(out)]  # fmt: skip
+            "--requests", "80", "--rounds", "2", "--rate", "200", "--json", str(out),
+            "--versus", "TENURE_UPSTREAM_CLIENT=aiohttp"]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "latency round 2/2" in run.stdout
@@ -33,10 +34,17 @@ def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
         result["proxy_p50_ms"] - result["direct_p50_ms"], abs=0.002
     )
     assert len(result["added_p50_ms_by_round"]) == 2
+    versus = result["versus"]
+    assert versus["env"] == {"TENURE_UPSTREAM_CLIENT": "aiohttp"}
+    assert versus["proxy_rps"] > 0 and math.isfinite(versus["added_p99_ms"])
 
 
-def test_bench_proxy_rejects_bad_arguments() -> None:
-    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--rounds", "0"]
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--rounds", "0"], "--rounds must be >= 1"), (["--versus", "X=1"], "TENURE_NAME=VALUE")],
+)
+def test_bench_proxy_rejects_bad_arguments(extra: list[str], message: str) -> None:
+    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", *extra]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
-    assert "--rounds must be >= 1" in run.stderr
+    assert message in run.stderr
