@@ -67,15 +67,9 @@ def _redis(settings: Settings, socket_timeout_s: float) -> aioredis.Redis:
 def _upstream_client(
     settings: Settings, transport: httpx.AsyncBaseTransport | None
 ) -> UpstreamClient:
-    if transport is None and settings.upstream_client == "raw":
-        return RawUpstream(
-            settings.upstream_url,
-            connect_timeout_s=settings.upstream_connect_timeout_s,
-            read_timeout_s=settings.upstream_read_timeout_s,
-            max_connections=settings.upstream_max_connections,
-        )
-    if transport is None and settings.upstream_client == "aiohttp":
-        return AiohttpUpstream(
+    if transport is None and settings.upstream_client in ("raw", "aiohttp"):
+        kind = RawUpstream if settings.upstream_client == "raw" else AiohttpUpstream
+        return kind(
             settings.upstream_url,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             read_timeout_s=settings.upstream_read_timeout_s,

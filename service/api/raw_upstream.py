@@ -94,12 +94,6 @@ class _Connection(asyncio.Protocol):
             self.error = UpstreamError("unreachable", "upstream closed the connection mid-answer")
         self._wake()
 
-    def pause_writing(self) -> None:  # request bodies are small; the kernel buffer suffices
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # --- httptools callbacks ------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:

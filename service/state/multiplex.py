@@ -35,6 +35,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError, InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from service.state.connection import pack_command
+
 __all__ = ["MultiplexedScripts"]
 
 
@@ -135,14 +137,14 @@ class MultiplexedScripts:
             protocol = await self._connect()
         numkeys = len(keys)
         reply = await self._await(
-            protocol, protocol.send(_pack("EVALSHA", script.sha, numkeys, *keys, *args))
+            protocol, protocol.send(pack_command("EVALSHA", script.sha, numkeys, *keys, *args))
         )
         if isinstance(reply, ResponseError):
             error = _error(reply)  # redis-py's classes (LOADING, NOSCRIPT, ...)
             if not isinstance(error, NoScriptError):
                 raise error
             reply = await self._await(
-                protocol, protocol.send(_pack("EVAL", script.script, numkeys, *keys, *args))
+                protocol, protocol.send(pack_command("EVAL", script.script, numkeys, *keys, *args))
             )
             if isinstance(reply, ResponseError):
                 raise _error(reply)
@@ -187,7 +189,7 @@ class MultiplexedScripts:
         if self._db:
             setup.append(("SELECT", self._db))
         for command in setup:
-            reply = await self._await(protocol, protocol.send(_pack(*command)))
+            reply = await self._await(protocol, protocol.send(pack_command(*command)))
             if isinstance(reply, ResponseError):
                 protocol.fail(ConnectionError("Redis refused the connection set-up"))
                 raise ConnectionError(f"Redis refused {command[0]}: {reply}")
@@ -208,11 +210,3 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
 def _error(reply: ResponseError) -> ResponseError:
     error: ResponseError = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
     return error
-
-
-def _pack(*args: Any) -> bytes:
-    try:
-        payload: bytes = hiredis.pack_command(args)
-        return payload
-    except TypeError:  # what hiredis does not take, redis-py packs (or refuses) as usual
-        return b"".join(bytes(part) for part in Connection().pack_command(*args))
