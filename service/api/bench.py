@@ -31,11 +31,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from service.api.bench_load import run_load
+from service.stack import ManagedProcess, StackError, free_port
 
 __all__ = ["configure"]
 
@@ -75,24 +77,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _free_port() -> int:
+def _listening(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
-    from service.cli import UsageError
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise UsageError(f"{what} exited during start-up (code {process.returncode})")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise UsageError(f"{what} did not start listening on port {port}")
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 @contextmanager
@@ -100,27 +94,29 @@ def _process(
     argv: list[str],
     port: int,
     what: str,
+    logs: Path,
     env: dict[str, str] | None = None,
     cpus: set[int] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    if cpus is not None:
-        # Right after the fork, before the interpreter starts any thread (they inherit it).
-        os.sched_setaffinity(process.pid, cpus)
+    """Start ``argv`` (its output in ``logs``), wait for ``port``, stop it (and its group)."""
+    from service.cli import UsageError
+
+    managed = ManagedProcess(what, argv, logs / f"{what}-{port}.log", env or {}).start()
+    assert managed.process is not None
     try:
-        _wait_port(port, process, what)
-        yield process
-    finally:
-        process.terminate()
+        if cpus is not None:
+            # Right after the fork, before the interpreter starts any thread (they inherit it).
+            os.sched_setaffinity(managed.process.pid, cpus)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stderr is not None:
-            process.stderr.close()
+            managed.wait_until(lambda: _listening(port), timeout=30)
+        except StackError:
+            # The log goes with the run's temporary directory: say its last lines now.
+            raise UsageError(
+                f"{what} did not start listening on port {port}: {_tail(managed.log_path)}"
+            ) from None
+        yield managed.process
+    finally:
+        managed.stop(timeout=10)
 
 
 def _requests(
@@ -168,16 +164,12 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _warm(port: int, concurrency: int, hints: bool) -> None:
-    from service.api.bench_load import run_load
-
     await run_load(port, _requests(concurrency, 50 * concurrency // 4, hints))
 
 
 async def _latencies(
     port: int, concurrency: int, total: int, hints: bool, rate: float
 ) -> list[float]:
-    from service.api.bench_load import run_load
-
     latencies, _elapsed, errors = await run_load(
         port, _requests(concurrency, total, hints), rate_per_s=rate
     )
@@ -190,8 +182,6 @@ async def _throughput(
     port: int, concurrency: int, total: int, hints: bool, pid: int | None = None
 ) -> tuple[float, float]:
     """Closed loop: requests/s, and the sidecar's CPU ms per request when ``pid`` is given."""
-    from service.api.bench_load import run_load
-
     cpu_before = _cpu_seconds(pid) if pid is not None else float("nan")
     done, elapsed, errors = await run_load(port, _requests(concurrency, total, hints))
     cpu = (_cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
@@ -378,8 +368,8 @@ def run(args: argparse.Namespace) -> int:
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
         raise UsageError("redis-server is not installed (apt-get install redis-server)")
-    redis_port, upstream_port = _free_port(), _free_port()
-    ports = [_free_port() for _ in range(2 if versus else 1)]
+    redis_port, upstream_port = free_port(), free_port()
+    ports = [free_port() for _ in range(2 if versus else 1)]
     hints = not args.no_hints
     with tempfile.TemporaryDirectory(prefix="tenure-bench-") as tmp:
         redis_argv = [
@@ -395,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
                 "TENURE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
                 "TENURE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
                 "TENURE_DEV_MODE": "1",
-                "TENURE_PUSH_ADDR": f"tcp://127.0.0.1:{_free_port()}",
+                "TENURE_PUSH_ADDR": f"tcp://127.0.0.1:{free_port()}",
                 **extra,
             }
 
@@ -408,20 +398,17 @@ def run(args: argparse.Namespace) -> int:
             stack.enter_context(_awake_cpus(args.keep_cpus_awake))
             # Redis shares the sidecar's CPU: it is the sidecar's local state store, while the
             # load generator and the upstream stand in for remote clients and the engine.
-            stack.enter_context(_process(redis_argv, redis_port, "redis-server", cpus=side_cpus))
+            logs = Path(tmp)
             stack.enter_context(
-                _process(
-                    [*upstream_argv, str(upstream_port)],
-                    upstream_port,
-                    "upstream",
-                    cpus=rest_cpus,
-                )
+                _process(redis_argv, redis_port, "redis-server", logs, cpus=side_cpus)
             )
+            upstream = [*upstream_argv, str(upstream_port)]
+            stack.enter_context(_process(upstream, upstream_port, "upstream", logs, cpus=rest_cpus))
             sidecars = [
                 (
                     port,
                     stack.enter_context(
-                        _process(sidecar_argv, port, "sidecar", env(port, extra), cpus=side_cpus)
+                        _process(sidecar_argv, port, "sidecar", logs, env(port, extra), side_cpus)
                     ).pid,
                 )
                 for port, extra in zip(ports, [{}, versus or {}], strict=False)

@@ -41,7 +41,12 @@ def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--rounds", "0"], "--rounds must be >= 1"), (["--versus", "X=1"], "TENURE_NAME=VALUE")],
+    [
+        (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--versus", "X=1"], "TENURE_NAME=VALUE"),
+        # A sidecar that cannot start: the error says why, from its log.
+        (["--rounds", "1", "--versus", "TENURE_UPSTREAM_MAX_CONNECTIONS=0"], "upstream_max_conn"),
+    ],
 )
 def test_bench_proxy_rejects_bad_arguments(extra: list[str], message: str) -> None:
     argv = [sys.executable, "-m", "service.cli", "bench", "proxy", *extra]
