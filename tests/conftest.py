@@ -14,24 +14,32 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
 
-__all__ = ["RedisProcess", "free_port"]
+from service.stack import free_port
+
+__all__ = ["RedisProcess", "free_port", "wait_for"]
+
+T = TypeVar("T")
 
 
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (callers retry if they lose a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def wait_for(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError("condition not reached")
 
 
 class RedisProcess:

@@ -7,7 +7,6 @@ the proxy forwards (as vLLM would receive it) and answers like an OpenAI server.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +19,7 @@ import pytest
 import uvicorn
 
 from clients import AsyncTenureSession, TenureLifecycleError, TenureSession
+from service.stack import free_port
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"
@@ -90,12 +90,6 @@ class Sidecar:
         return record
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def sidecar(redis_url: str) -> Iterator[Sidecar]:
     from service.app import create_app
@@ -110,7 +104,7 @@ def sidecar(redis_url: str) -> Iterator[Sidecar]:
         tenants={KEY_A: {"name": "a"}, KEY_B: {"name": "b"}},
     )
     app = create_app(settings, upstream_transport=httpx.MockTransport(upstream.handle))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )

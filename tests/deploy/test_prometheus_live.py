@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -23,16 +22,12 @@ import pytest
 import uvicorn
 import yaml
 
+from service.stack import free_port
+
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus not installed (Debian: apt-get install prometheus)"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Body(httpx.AsyncByteStream):
@@ -63,7 +58,7 @@ def sidecar_port(redis_url: str) -> Iterator[int]:
         redis_url=redis_url, upstream_url="http://engine.test", admin_token="t", push_addr=""
     )
     app = create_app(settings, upstream_transport=httpx.MockTransport(_engine))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -102,7 +97,7 @@ def prometheus(sidecar_port: int, repo: Path, tmp_path: Path) -> Iterator[str]:
         ],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "prometheus.log").open("w")
     process = subprocess.Popen(
         [

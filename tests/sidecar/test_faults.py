@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
+
+from tests.conftest import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -22,16 +23,6 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-def _wait(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
-
-
 def test_redis_killed_mid_run(upstream, sidecar_factory, redis_process_factory):
     """Fail open for proxying, 503 + Retry-After for lifecycle writes, recovery without restart,
     and the sessions stored before the crash are intact afterwards."""
@@ -45,7 +36,11 @@ def test_redis_killed_mid_run(upstream, sidecar_factory, redis_process_factory):
                 assert http.post(
                     CHAT, json=_chat(), headers={"X-Tenure-Session": session}
                 ).is_success
-        _wait(lambda: http.get("/v1/sessions/alpha").json()["state"] == "idle")
+        wait_for(
+            lambda: http.get("/v1/sessions/alpha").json()["state"] == "idle",
+            timeout_s=10.0,
+            interval_s=0.05,
+        )
         assert http.post("/v1/sessions/beta/suspend", json={"expected_wait_s": 60}).is_success
         before = {s: http.get(f"/v1/sessions/{s}").json() for s in ("alpha", "beta")}
 
@@ -60,10 +55,10 @@ def test_redis_killed_mid_run(upstream, sidecar_factory, redis_process_factory):
 
         driver = threading.Thread(target=drive)
         driver.start()
-        _wait(lambda: len(statuses) >= 5)
+        wait_for(lambda: len(statuses) >= 5, timeout_s=10.0, interval_s=0.05)
         redis_server.stop()  # SIGKILL, mid-run
         during = len(statuses)
-        _wait(lambda: len(statuses) >= during + 20)
+        wait_for(lambda: len(statuses) >= during + 20, timeout_s=10.0, interval_s=0.05)
 
         # Lifecycle writes (and reads) answer 503 with Retry-After while Redis is down.
         refused = http.post("/v1/sessions/alpha/end")
@@ -80,7 +75,11 @@ def test_redis_killed_mid_run(upstream, sidecar_factory, redis_process_factory):
         }
 
         redis_server.start()  # same port; the sidecar is not restarted
-        _wait(lambda: http.get("/v1/sessions/alpha").status_code == 200)
+        wait_for(
+            lambda: http.get("/v1/sessions/alpha").status_code == 200,
+            timeout_s=10.0,
+            interval_s=0.05,
+        )
         stop.set()
         driver.join(timeout=10)
 

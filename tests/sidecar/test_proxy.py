@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 import redis
+
+from tests.conftest import wait_for
 
 CHAT = "/v1/chat/completions"
 
 
 def _chat(model: str = "echo", **extra):
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
-
-
-def _wait_for(predicate, timeout_s: float = 5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def test_plain_request_is_passed_through_and_nothing_stored(upstream, sidecar, redis_url):
@@ -87,7 +78,7 @@ def test_streaming_is_relayed_chunk_by_chunk_and_turn_end_recorded(upstream, cli
         record = client.get("/v1/sessions/st").json()
         return record if record["state"] == "idle" else None
 
-    record = _wait_for(idle)
+    record = wait_for(idle)
     assert record["stop_reason"] == "tool_calls"
     assert record["tool"] == "run_tests"
     # Predicted from the tool prior (seconds, not the human-turn minutes).
@@ -98,7 +89,7 @@ def test_streaming_is_relayed_chunk_by_chunk_and_turn_end_recorded(upstream, cli
 def test_last_turn_finishes_the_session(upstream, client):
     headers = {"X-Tenure-Session": "fin", "X-Tenure-Last-Turn": "true"}
     assert client.post(CHAT, json=_chat(), headers=headers).status_code == 200
-    record = _wait_for(
+    record = wait_for(
         lambda: (r := client.get("/v1/sessions/fin").json())["state"] == "finished" and r
     )
     assert record["last_turn"] is True
@@ -115,7 +106,7 @@ def test_upstream_error_status_and_body_kept(upstream, client):
     assert reply.status_code == 400
     assert reply.json() == {"error": {"message": "bad model", "type": "BadRequestError"}}
     # A failed turn still ends: the session does not stay "active".
-    record = _wait_for(lambda: (r := client.get("/v1/sessions/e1").json())["state"] == "idle" and r)
+    record = wait_for(lambda: (r := client.get("/v1/sessions/e1").json())["state"] == "idle" and r)
     assert record["stop_reason"] is None
 
 
@@ -185,4 +176,4 @@ def test_sessions_by_state_gauge(client):
             'tenure_sessions{state="suspended"} 1.0' in text
         )
 
-    _wait_for(gauge, timeout_s=5.0)
+    wait_for(gauge, timeout_s=5.0)
