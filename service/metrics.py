@@ -67,6 +67,12 @@ class Metrics:
             "Proxied requests forwarded without lifecycle state because Redis was unavailable",
             registry=r,
         )
+        self.early_forwards = Counter(
+            "tenure_early_forwards",
+            "Requests forwarded before Redis counted their turn, by how Redis's count compared "
+            "with the forwarded turn number (confirmed, wrong_turn, state_unavailable)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.hint_rejections = Counter(
             "tenure_hint_rejections", "Requests refused for malformed hints", ["field"],
             registry=r,

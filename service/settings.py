@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     #: The proxy's two per-request scripts over one pipelined connection (plain TCP URLs);
     #: false = through redis-py's pool, as every other call.
     redis_multiplex: bool = True
+    #: Forward a request of a session this replica has seen before Redis has counted its turn
+    #: (the script runs meanwhile; the forwarded turn number is this replica's forecast of
+    #: Redis's count, see ``service.api.turns``); false = wait for Redis, then forward.
+    early_forward: bool = True
     #: After a Redis failure, skip Redis for this long before trying again (fail fast).
     redis_retry_after_s: float = Field(default=1.0, gt=0, le=300)
     #: Finished sessions stay readable this long, then expire.

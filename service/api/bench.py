@@ -339,6 +339,13 @@ def _versus_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _own_keyspace(env: dict[str, str]) -> dict[str, str]:
+    """The second sidecar keeps its state under its own prefix: the two replay the same
+    session ids, and as replicas of one deployment they would serve each other's sessions
+    (which is not what an A/B of one setting compares)."""
+    return {"TENURE_REDIS_PREFIX": "tenure-versus", **env}
+
+
 def _side(side: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
     return {
         "proxy_p50_ms": round(side["proxy_p50_ms"], 3),
@@ -411,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
                         _process(sidecar_argv, port, "sidecar", logs, env(port, extra), side_cpus)
                     ).pid,
                 )
-                for port, extra in zip(ports, [{}, versus or {}], strict=False)
+                for port, extra in zip(ports, [{}, _own_keyspace(versus or {})], strict=False)
             ]
             where = (
                 f"sidecar and Redis pinned to CPU {sorted(side_cpus)}, load generator and "

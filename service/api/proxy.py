@@ -26,8 +26,10 @@ from service.api.hints import HintError, Hints, parse_hints
 from service.api.inference import prefix_digests
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
+from service.api.turns import TurnForecasts
 from service.api.upstream import (
     ClientGone,
+    ProxiedResponse,
     RelayResponse,
     forward_headers,
     response_headers,
@@ -73,9 +75,14 @@ class _Turn:
     """A tracked request: what the end-of-turn decision needs."""
 
     tenant: str
-    start: TurnStart
+    session: str
+    #: The number forwarded upstream: Redis's count, or this replica's forecast of it.
+    turn: int
     hints: Hints
     parent: str | None
+    #: Redis's answer; None while an early-forwarded turn's script is still in flight.
+    start: TurnStart | None
+    counting: asyncio.Task[TurnStart | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
 
@@ -113,7 +120,8 @@ class Proxy:
         self.clock = clock
         key = settings.upstream_api_key
         self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[Any]] = set()
+        self._forecasts = TurnForecasts() if settings.early_forward else None
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
@@ -134,7 +142,7 @@ class Proxy:
         if tenant is None:
             return self._done("passthrough", _unauthorized(), started)
         try:
-            body = await self._read_body(request)
+            body = await self._read_body(request, request.headers.get("content-length"))
         except _TooLarge:
             return self._done("passthrough", self._too_large(), started)
         except ClientDisconnect:
@@ -155,11 +163,12 @@ class Proxy:
 
     async def _completion(self, request: Request, route: str, path: str) -> Response:
         started = time.perf_counter()
-        tenant = self.tenants.resolve(request.headers.get("authorization"))
+        headers = _wanted_headers(request.scope["headers"])
+        tenant = self.tenants.resolve(headers.get("authorization"))
         if tenant is None:
             return self._done(route, _unauthorized(), started)
         try:
-            body = await self._read_body(request)
+            body = await self._read_body(request, headers.get("content-length"))
         except _TooLarge:
             return self._done(route, self._too_large(), started)
         except ClientDisconnect:
@@ -175,7 +184,7 @@ class Proxy:
         if had_tenure:
             body_hints = payload.pop("tenure")
         try:
-            hints = parse_hints(request.headers, body_hints)
+            hints = parse_hints(headers, body_hints)
             if hints.any and not isinstance(payload, dict):
                 raise HintError("body", "a request with tenure hints needs a JSON object body")
             if isinstance(payload, dict) and not isinstance(
@@ -210,12 +219,49 @@ class Proxy:
                     )
                 return None  # no hints, nothing to infer: plain pass-through
         now = self.clock()
+        forecast: int | None = None
+        forecasting = (
+            hints.session is not None
+            and self._forecasts is not None
+            and not self.store.breaker.is_open
+        )
+        if forecasting:
+            assert self._forecasts is not None and hints.session is not None
+            forecast = self._forecasts.reserve(tenant.name, hints.session)
+        counting = self._count_turn(tenant, hints, digests, now, forecasting, forecast)
+        if forecast is not None:
+            assert hints.session is not None
+            # Early forward: the request goes upstream now, the turn's script meanwhile.
+            task = asyncio.get_running_loop().create_task(counting)
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            return _Turn(tenant.name, hints.session, forecast, hints, hints.parent, None, task)
+        start = await counting
+        if start is None:
+            return None  # an inferred session cannot be named without Redis
+        return _Turn(tenant.name, start.session, start.turn, hints, hints.parent, start)
+
+    async def _count_turn(
+        self,
+        tenant: TenantSpec,
+        hints: Hints,
+        digests: list[str],
+        now: float,
+        forecasting: bool,
+        forecast: int | None,
+    ) -> TurnStart | None:
+        """The turn's one Redis call and what follows from its answer; None without Redis.
+
+        Everything here runs after the upstream send for an early-forwarded turn, so the
+        decision is made here too, not on the way to the upstream.
+        """
         decision = lifecycle.on_request(
             now, last_turn=hints.last_turn, hinted_gap_s=hints.expected_gap_s
         )
         message = decisions.as_message(
             decision, tenant=tenant.name, session="", turn=0, parent=None, now=now
         )
+        counted: int | None = None
         try:
             start = await self.store.turn_start(
                 tenant.name,
@@ -228,11 +274,19 @@ class Proxy:
                 decision=message,
                 now=now,
             )
+            counted = start.turn
         except StateUnavailable:
             self.metrics.fail_open.inc()
             if hints.session is None:
-                return None  # an inferred session cannot be named without Redis
+                return None
             start = TurnStart(hints.session, 0, "", None, 0, False)
+        finally:
+            if forecasting:
+                assert self._forecasts is not None and hints.session is not None
+                right = self._forecasts.settle(tenant.name, hints.session, forecast, counted)
+                if forecast is not None:
+                    outcome = "state_unavailable" if counted is None else "confirmed"
+                    self.metrics.early_forwards.labels(outcome if right else "wrong_turn").inc()
         if start.seq:
             decisions.count(self.metrics, decision)
         if start.inferred:
@@ -243,7 +297,7 @@ class Proxy:
                 tenant.name, observation.stop_reason, observation.tool, observation.gap_s,
                 observation.expected_s,
             )  # fmt: skip
-        return _Turn(tenant.name, start, hints, hints.parent)
+        return start
 
     def _rewrite(self, payload: dict[str, Any], turn: _Turn | None, hints: Hints) -> bytes:
         if turn is not None:
@@ -253,8 +307,8 @@ class Proxy:
             elif not isinstance(kv, dict):
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
             tenure: dict[str, Any] = {
-                "session_id": scoped_session_id(turn.tenant, turn.start.session),
-                "turn": turn.start.turn,
+                "session_id": scoped_session_id(turn.tenant, turn.session),
+                "turn": turn.turn,
                 "last_turn": hints.last_turn,
             }
             if hints.segment is not None:
@@ -263,7 +317,7 @@ class Proxy:
                 tenure["parent"] = scoped_session_id(turn.tenant, hints.parent)
             if hints.expected_gap_s is not None:
                 tenure["expected_gap_s"] = hints.expected_gap_s
-            if turn.start.turn == 0:
+            if turn.turn == 0:
                 tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
             kv["tenure"] = tenure
             payload["kv_transfer_params"] = kv
@@ -313,7 +367,7 @@ class Proxy:
                 _scan_completion(turn, content, upstream.header("content-encoding"))
             self._finish_turn(turn)
             self._count(route, status, overhead, resumed)
-            return Response(content, status_code=status, headers=headers)
+            return ProxiedResponse(content, status, headers)
 
         on_chunk = turn.scan if turn is not None and status < 400 else None
 
@@ -334,13 +388,16 @@ class Proxy:
     # --- end of turn -------------------------------------------------------------------------
 
     def _finish_turn(self, turn: _Turn | None) -> None:
-        if turn is None or turn.start.turn == 0:
+        if turn is None or turn.turn == 0:
             return  # untracked, or forwarded fail-open: there is no record to update
         task = asyncio.get_running_loop().create_task(self._record_turn_end(turn))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     async def _record_turn_end(self, turn: _Turn) -> None:
+        start = turn.start if turn.counting is None else await turn.counting
+        if start is None or start.turn == 0:
+            return  # Redis did not count the turn: there is no record to update
         now = self.clock()
         hints = turn.hints
         decision = lifecycle.on_response(
@@ -352,7 +409,7 @@ class Proxy:
             tool=turn.tool,
         )
         message = decisions.as_message(
-            decision, tenant=turn.tenant, session=turn.start.session, turn=turn.start.turn,
+            decision, tenant=turn.tenant, session=start.session, turn=start.turn,
             parent=turn.parent, now=now,
         )  # fmt: skip
         update = decisions.as_update(
@@ -368,10 +425,10 @@ class Proxy:
         try:
             status, _seq = await self.store.apply(
                 turn.tenant,
-                turn.start.session,
+                start.session,
                 update,
                 now=now,
-                guard=("turn", str(turn.start.turn)),
+                guard=("turn", str(start.turn)),
             )
         except StateUnavailable:
             return
@@ -387,19 +444,27 @@ class Proxy:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, request: Request, declared: str | None) -> bytes:
+        # Straight from the ASGI channel: Starlette's stream() adds an async generator per
+        # request and the proxy reads each body exactly once.
         limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _TooLarge
+        receive = request.receive
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientDisconnect
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise _TooLarge
             chunks.append(chunk)
-        return b"".join(chunks)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self) -> Response:
         self.metrics.hint_rejections.labels("body").inc()
@@ -448,6 +513,22 @@ def _scan_completion(turn: _Turn, content: bytes, content_encoding: str) -> None
         function = calls[0].get("function") if isinstance(calls[0], dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             turn.tool = function["name"]
+
+
+def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request headers the proxy reads, in one pass (first occurrence wins).
+
+    ASGI servers give lower-case names; one dict lookup per hint beats Starlette's ``Headers``,
+    which scans the whole list per lookup and raises a KeyError for every absent one.
+    """
+    found: dict[str, str] = {}
+    for name, value in raw:
+        if name.startswith(b"x-tenure-") or name in _READ_HEADERS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
+
+
+_READ_HEADERS = frozenset({b"authorization", b"content-length"})
 
 
 def _unauthorized() -> Response:

@@ -183,15 +183,14 @@ class _Response:
         self._timeout = read_timeout_s
         self._released = False
         self.status = conn.status
-        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in conn.raw_headers]
-        self._lookup: dict[str, str] | None = None
+        self.headers = conn.raw_headers
 
     def header(self, name: str) -> str:
-        if self._lookup is None:
-            self._lookup = {}
-            for key, value in self.headers:
-                self._lookup.setdefault(key.lower(), value)
-        return self._lookup.get(name.lower(), "")
+        wanted = name.lower().encode("latin-1")
+        for key, value in self.headers:
+            if key.lower() == wanted:
+                return value.decode("latin-1")
+        return ""
 
     async def chunks(self) -> AsyncIterator[bytes]:
         conn = self._conn
@@ -255,13 +254,18 @@ class RawUpstream:
         self._read_timeout = read_timeout_s
         self._keepalive = keepalive_s
         self._idle: list[_Connection] = []
+        self._targets: dict[str, str] = {}
         self._slots = asyncio.Semaphore(max_connections)
         self._open = 0
 
     async def send(
         self, method: str, path: str, headers: Sequence[tuple[bytes, bytes]], body: bytes
     ) -> UpstreamResponse:
-        target = quote(self._prefix + path, safe=_SAFE_PATH)
+        target = self._targets.get(path)
+        if target is None:
+            target = quote(self._prefix + path, safe=_SAFE_PATH)
+            if len(self._targets) < 256:  # the completion routes, not every passthrough query
+                self._targets[path] = target
         head = [f"{method} {target} HTTP/1.1\r\nhost: ".encode(), self._host_header]
         for name, value in headers:
             head += (b"\r\n", name, b": ", value)

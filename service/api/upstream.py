@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from starlette.responses import Response
@@ -21,6 +21,7 @@ from service.api.upstream_client import UpstreamError, UpstreamResponse
 
 __all__ = [
     "ClientGone",
+    "ProxiedResponse",
     "RelayResponse",
     "forward_headers",
     "response_headers",
@@ -44,7 +45,7 @@ _HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
-_DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
+_DROP_RESPONSE = frozenset(h.encode() for h in _HOP_BY_HOP | {"date", "server"})
 
 
 class ClientGone(Exception):
@@ -71,8 +72,31 @@ def forward_headers(
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in _HOP_BY_HOP)
 
 
-def response_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return {k: v for k, v in headers if k.lower() not in _DROP_RESPONSE}
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers for the client, in ASGI form (lower-case names), without
+    hop-by-hop ones (and without ``content-length``: the response sets its own)."""
+    out = []
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered not in _DROP_RESPONSE:
+            out.append((lowered, value))
+    return out
+
+
+class ProxiedResponse(Response):
+    """A whole upstream answer, relayed with headers already in ASGI form.
+
+    Starlette's ``Response`` would decode nothing here but still re-encode and re-scan every
+    header of every proxied answer; this one only adds the length.
+    """
+
+    def __init__(self, content: bytes, status_code: int, headers: list[tuple[bytes, bytes]]):
+        self.status_code = status_code
+        self.body = content
+        self.background = None
+        if not (status_code < 200 or status_code in (204, 304)):
+            headers.append((b"content-length", str(len(content)).encode()))
+        self.raw_headers = headers
 
 
 def upstream_failure(exc: UpstreamError) -> tuple[Response, str]:
@@ -101,16 +125,24 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
+#: The disconnect watcher starts only once the upstream has taken this long: most answers
+#: that come sooner are whole before a watcher could matter, and it costs a task per request.
+_WATCH_AFTER_S = 0.02
+
+
 async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
     """Await ``work`` unless the client disconnects first (then cancel it, raise ClientGone).
 
-    ``work`` runs in the calling task; one watcher task cancels that task if the client goes
-    away. (Running ``work`` as a second task and waiting on both costs two task creations and
-    an ``asyncio.wait`` per request, a visible share of the proxy's CPU.)
+    ``work`` runs in the calling task; one watcher task, started after ``_WATCH_AFTER_S``,
+    cancels that task if the client goes away. (Running ``work`` as a second task and waiting
+    on both costs two task creations and an ``asyncio.wait`` per request, a visible share of
+    the proxy's CPU.) A client gone sooner is noticed when the watcher starts.
     """
     current = asyncio.current_task()
     assert current is not None
+    loop = asyncio.get_running_loop()
     gone = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -118,7 +150,11 @@ async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
         gone = True
         current.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(_WATCH_AFTER_S, start_watching)
     try:
         result = await work
     except asyncio.CancelledError:
@@ -129,7 +165,9 @@ async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
             raise
         raise ClientGone from None
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
     if gone:  # ``work`` absorbed the cancellation and finished anyway
         current.uncancel()
         raise ClientGone
@@ -149,13 +187,14 @@ class RelayResponse(Response):
         upstream: UpstreamResponse,
         *,
         status_code: int,
-        headers: Mapping[str, str],
+        headers: list[tuple[bytes, bytes]],
         on_chunk: Callable[[bytes], None] | None = None,
         on_complete: Callable[[bool], None] | None = None,
     ) -> None:
-        super().__init__(content=None, status_code=status_code, headers=dict(headers))
-        # Starlette sets a zero content-length for an empty body; this one streams.
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.status_code = status_code
+        self.background = None
+        self.body = b""
+        self.raw_headers = headers  # as response_headers() gives them: no content-length
         self._upstream = upstream
         self._on_chunk = on_chunk
         self._on_complete = on_complete

@@ -35,7 +35,8 @@ class UpstreamError(Exception):
 
 class UpstreamResponse(Protocol):
     status: int
-    headers: list[tuple[str, str]]
+    #: As received (names in their original case): relayed without a decode/encode round.
+    headers: list[tuple[bytes, bytes]]
 
     def header(self, name: str) -> str: ...
 
@@ -61,7 +62,7 @@ class _AiohttpResponse:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status = response.status
-        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
+        self.headers = list(response.raw_headers)
 
     def header(self, name: str) -> str:
         return self._response.headers.get(name, "")
@@ -138,7 +139,7 @@ class _HttpxResponse:
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
         self.status = response.status_code
-        self.headers = list(response.headers.multi_items())
+        self.headers = list(response.headers.raw)
 
     def header(self, name: str) -> str:
         return str(self._response.headers.get(name, ""))

@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 #: An adapter silent for this many snapshot intervals is forgotten (it re-announces itself).
 _FORGET_AFTER_INTERVALS = 3
 _TAIL_BLOCK_MS = 1000
+#: After a read that found decisions, wait this long before the next one, so that under
+#: load one read carries many decisions (each read wakes Redis and the sidecar: at one
+#: decision per proxied request that was a wake-up pair per request). A lone decision still
+#: goes out at once; the next ones wait at most this long.
+_TAIL_COALESCE_S = 0.01
 
 
 @dataclass(slots=True)
@@ -265,6 +270,8 @@ class PushServer:
                     await self.broadcast_snapshot()
                 self._forwarded_seq = decision.seq
                 await self._broadcast_decision(decision)
+            if entries:
+                await asyncio.sleep(_TAIL_COALESCE_S)
 
     async def _snapshot_loop(self) -> None:
         while not self._stopping:

@@ -33,6 +33,7 @@ __all__ = [
     "StoreLimits",
     "TurnStart",
     "decision_body",
+    "decision_parts",
     "decode_decision",
     "parse_observation",
 ]
@@ -100,6 +101,20 @@ class SessionUpdate:
 def decision_body(decision: Decision) -> bytes:
     """JSON of a decision for the scripts, which fill in ``seq`` (and the hot path's ``turn``)."""
     return _json_encode(decision)
+
+
+_SEQ_ZERO = b'"seq":0'
+
+
+def decision_parts(decision: Decision) -> tuple[bytes, bytes]:
+    """A decision's JSON (``seq`` 0) split around its ``seq`` value, for APPLY to join."""
+    body = _json_encode(decision)
+    # ``seq`` is the first field after the tag, so this is its own occurrence, never text
+    # inside a later string value.
+    at = body.find(_SEQ_ZERO)
+    if decision.seq != 0 or at < 0 or body[at + len(_SEQ_ZERO)] not in b",}":
+        raise ValueError("decision_parts needs a decision whose seq is 0")
+    return body[: at + 6], body[at + len(_SEQ_ZERO) :]
 
 
 def decode_decision(body: bytes | str) -> Decision:
@@ -191,7 +206,7 @@ class StateStore:
             str(self.limits.decision_stream_maxlen),
             str(self.limits.list_maxlen),
         ]
-        args = [_json_encode(packed), decision_body(decision)]
+        args = [*packed, decision_body(decision)]
         raw = await self._call(
             "turn_start", lambda: self._scripts.call(self._turn_start, keys, args)
         )
@@ -237,23 +252,27 @@ class StateStore:
             push_key,
         ]
         ttl = update.ttl_s if update.ttl_s is not None else self.limits.session_ttl_s
-        packed = [
+        head, tail = decision_parts(update.decision) if update.decision is not None else (b"", b"")
+        fields = update.fields
+        args: list[str | bytes] = [
             repr(now),
             guard_field,
             guard_value,
-            _json_encode(update.fields).decode(),
-            _json_encode(update.deleted).decode(),
             "=" if update.keep_live else _score(update.live_score),
             str(ttl),
             scoped_session_id(tenant, session),
-            decision_body(update.decision).decode() if update.decision is not None else "",
+            head,
+            tail,
             str(self.limits.decision_stream_maxlen),
             session,
             push_value,
             str(self.limits.wait_samples_maxlen),
             "0" if create else "1",
+            str(2 * len(fields)),
         ]
-        args = [_json_encode(packed)]
+        for name, value in fields.items():
+            args += (name, value)
+        args += update.deleted
         raw = await self._call("apply", lambda: self._scripts.call(self._apply, keys, args))
         return int(raw[0]), int(raw[1])
 

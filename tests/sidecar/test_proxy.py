@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -177,3 +178,50 @@ def test_sessions_by_state_gauge(client):
         )
 
     wait_for(gauge, timeout_s=5.0)
+
+
+def _forecasts(metrics: str) -> dict[str, float]:
+    found = re.findall(r'^tenure_early_forwards_total\{outcome="(\w+)"\} (\S+)$', metrics, re.M)
+    return {outcome: float(value) for outcome, value in found}
+
+
+def test_early_forward_numbers_turns_as_redis_does_and_counts_its_forecasts(
+    upstream, sidecar_factory
+):
+    """A replica forecasts turns of sessions it has seen; one wrong forecast sends it back."""
+    fake, _ = upstream
+    one, two = sidecar_factory(), sidecar_factory()
+    headers = {"X-Tenure-Session": "ef"}
+
+    def turn(http: httpx.Client) -> int:
+        assert http.post(CHAT, json=_chat(), headers=headers).status_code == 200
+        return fake.received[-1].body["kv_transfer_params"]["tenure"]["turn"]
+
+    with httpx.Client(base_url=one.url) as a, httpx.Client(base_url=two.url) as b:
+        # Turn 1 waits for Redis; 2-4 go upstream first and Redis confirms their numbers.
+        assert [turn(a) for _ in range(4)] == [1, 2, 3, 4]
+        # (Redis's answer may land just after the response: it is off the response path.)
+        wait_for(lambda: _forecasts(a.get("/metrics").text) == {"confirmed": 3.0}, timeout_s=5.0)
+        # Replica two counts turn 5, so replica one's next forecast (5) is wrong once (Redis
+        # counts 6) and the session takes the exact path there from then on.
+        assert turn(b) == 5
+        assert turn(a) == 5
+        wait_for(
+            lambda: _forecasts(a.get("/metrics").text) == {"confirmed": 3.0, "wrong_turn": 1.0},
+            timeout_s=5.0,
+        )
+        assert [turn(a) for _ in range(2)] == [7, 8]
+        assert _forecasts(a.get("/metrics").text) == {"confirmed": 3.0, "wrong_turn": 1.0}
+        # Redis's count, the record and the end-of-turn guard never used a forecast.
+        wait_for(lambda: a.get("/v1/sessions/ef").json()["state"] == "idle", timeout_s=5.0)
+        assert a.get("/v1/sessions/ef").json()["turn"] == 8
+
+
+def test_without_early_forward_every_turn_waits_for_redis(upstream, sidecar_factory):
+    fake, _ = upstream
+    exact = sidecar_factory(early_forward=False)
+    with httpx.Client(base_url=exact.url) as http:
+        for expected in (1, 2, 3):
+            http.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "x"})
+            assert fake.received[-1].body["kv_transfer_params"]["tenure"]["turn"] == expected
+        assert _forecasts(http.get("/metrics").text) == {}
