@@ -10,6 +10,7 @@ Between refreshes a replica also learns at once from the gaps it observes itself
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 #: Calibration waits the regime controller replays (newest first in Redis).
 CALIBRATION_SAMPLES = 1024
+#: Rebuilding the shared models from thousands of samples every refresh took the event loop
+#: for several milliseconds at a time (every proxied request waiting behind it shows up in the
+#: tail): the rebuilds yield to it every this many samples.
+_YIELD_EVERY = 128
 LAMBDA_EVENTS = 4096
 #: Live sessions sampled per tenant for the sessions-by-state gauge.
 STATE_SAMPLE = 2000
@@ -107,16 +112,20 @@ class Runtime:
             return
         observations = await self.store.gap_observations(tenant, self.gap_log_len)
         predictor = GapPredictor()
-        for obs in observations:
+        for i, obs in enumerate(observations):
             predictor.observe(obs.stop_reason or None, obs.gap_s, obs.tool or None)
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         self._predictors[tenant] = predictor
         self._gap_heads[tenant] = head
 
     async def _refresh_load(self) -> None:
         times = await self.store.float_samples("suspensions", LAMBDA_EVENTS)
         estimator = LambdaEstimator()
-        for at in sorted(times):
+        for i, at in enumerate(sorted(times)):
             estimator.observe(at)
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         self.lambda_estimator = estimator
         self.calibration_waits = await self.store.float_samples("waits", CALIBRATION_SAMPLES)
 

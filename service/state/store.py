@@ -8,6 +8,7 @@ so when Redis is down callers get :class:`StateUnavailable` at once (and fail op
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: Long sample lists are parsed in slices of this many, yielding to the event loop between.
+_YIELD_EVERY = 256
 _json_encode = msgspec.json.Encoder().encode
 _decision_decoder = msgspec.json.Decoder(Decision)
 
@@ -402,10 +405,12 @@ class StateStore:
         key = self.keys.gap_observations(tenant)
         raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
         out: list[GapObservation] = []
-        for item in reversed(raw):
+        for i, item in enumerate(reversed(raw)):
             observation = parse_observation(item)
             if observation is not None:
                 out.append(observation)
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # thousands of entries: let proxied requests through
         return out
 
     async def gap_log_head(self, tenant: str) -> tuple[int, str]:
@@ -426,11 +431,13 @@ class StateStore:
         key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
         raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
         out = []
-        for item in raw:
+        for i, item in enumerate(raw):
             try:
                 out.append(float(_text(item)))
             except ValueError:
                 continue
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         return out
 
     async def add_wait_samples(self, waits: Sequence[float]) -> int:
