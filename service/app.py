@@ -196,6 +196,11 @@ def create_app(
             clock=clock, push=push,
         )  # fmt: skip
         app.state.proxy = proxy
+        # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.
+        app.fast_routes = {
+            "/v1/chat/completions": proxy.chat_completions,
+            "/v1/completions": proxy.completions,
+        }
 
         stopping = asyncio.Event()
 

@@ -47,6 +47,8 @@ class _Stale(Exception):
 class _Connection(asyncio.Protocol):
     """One upstream connection; parses one response at a time (no pipelining)."""
 
+    loop: asyncio.AbstractEventLoop  # set in connection_made
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -72,6 +74,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()  # once per connection, not per wait
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
@@ -138,7 +141,7 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, timeout_s: float) -> None:
         """Until something happens (headers, a chunk, the end, an error); times out."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter = self._waiter = loop.create_future()
         timer = loop.call_later(timeout_s, _expire, waiter)
         try:

@@ -138,9 +138,9 @@ async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
     on both costs two task creations and an ``asyncio.wait`` per request, a visible share of
     the proxy's CPU.) A client gone sooner is noticed when the watcher starts.
     """
-    current = asyncio.current_task()
-    assert current is not None
     loop = asyncio.get_running_loop()
+    current = asyncio.current_task(loop)
+    assert current is not None
     gone = False
     watcher: asyncio.Task[None] | None = None
 

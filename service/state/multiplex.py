@@ -41,6 +41,8 @@ __all__ = ["MultiplexedScripts"]
 
 
 class _Protocol(asyncio.Protocol):
+    loop: asyncio.AbstractEventLoop  # set in connection_made
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
@@ -49,6 +51,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()  # once, not per call (a getpid() each)
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -66,7 +69,7 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, payload: bytes) -> asyncio.Future[Any]:
         assert self.transport is not None
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Any] = self.loop.create_future()
         self.transport.write(payload)
         self.waiting.append(waiter)
         return waiter
@@ -151,8 +154,7 @@ class MultiplexedScripts:
         return reply
 
     async def _await(self, protocol: _Protocol, waiter: asyncio.Future[Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self._timeout, _expire, waiter)
+        timer = protocol.loop.call_later(self._timeout, _expire, waiter)
         try:
             return await waiter
         except asyncio.CancelledError:
