@@ -197,6 +197,7 @@ def create_app(
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.
+        assert isinstance(app, SidecarApp)
         app.fast_routes = {
             "/v1/chat/completions": proxy.chat_completions,
             "/v1/completions": proxy.completions,

@@ -366,11 +366,16 @@ class Proxy:
         status = upstream.status
         headers = response_headers(upstream.headers)
         if content is not None:
-            if turn is not None and status < 400:
-                _scan_completion(turn, content, upstream.header("content-encoding"))
-            self._finish_turn(turn)
-            self._count(route, status, overhead, resumed)
-            return ProxiedResponse(content, status, headers)
+            encoding = upstream.header("content-encoding") if turn is not None else ""
+
+            def sent() -> None:
+                # After the answer left: none of this is the client's wait.
+                if turn is not None and status < 400:
+                    _scan_completion(turn, content, encoding)
+                self._finish_turn(turn)
+                self._count(route, status, overhead, resumed)
+
+            return ProxiedResponse(content, status, headers, on_sent=sent)
 
         on_chunk = turn.scan if turn is not None and status < 400 else None
 

@@ -87,16 +87,34 @@ class ProxiedResponse(Response):
     """A whole upstream answer, relayed with headers already in ASGI form.
 
     Starlette's ``Response`` would decode nothing here but still re-encode and re-scan every
-    header of every proxied answer; this one only adds the length.
+    header of every proxied answer; this one only adds the length. ``on_sent`` runs once the
+    answer is handed to the server (or sending it failed): the proxy's bookkeeping waits
+    until then instead of delaying the answer.
     """
 
-    def __init__(self, content: bytes, status_code: int, headers: list[tuple[bytes, bytes]]):
+    def __init__(
+        self,
+        content: bytes,
+        status_code: int,
+        headers: list[tuple[bytes, bytes]],
+        on_sent: Callable[[], None] | None = None,
+    ) -> None:
         self.status_code = status_code
         self.body = content
         self.background = None
         if not (status_code < 200 or status_code in (204, 304)):
             headers.append((b"content-length", str(len(content)).encode()))
         self.raw_headers = headers
+        self._on_sent = on_sent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            status, headers = self.status_code, self.raw_headers
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": self.body})
+        finally:
+            if self._on_sent is not None:
+                self._on_sent()
 
 
 def upstream_failure(exc: UpstreamError) -> tuple[Response, str]:
