@@ -1,9 +1,12 @@
 """The OpenAI-compatible proxy: hints in, ``kv_transfer_params.tenure`` out, bytes relayed.
 
-Per request, before forwarding: resolve the tenant, read the (bounded) body, validate hints,
-and for a tracked session make exactly one Redis call (``turn_start``). After the upstream's
-last byte, the end of the turn (stop reason, tool, predicted gap) is recorded off the response
-path. If Redis is unavailable the request is still forwarded (fail open, counted).
+Per request: resolve the tenant, read the (bounded) body, validate hints, and for a tracked
+session make exactly one Redis call (``turn_start``). For a session this replica has seen, the
+request is forwarded while that call runs, carrying the replica's forecast of the turn number
+(:mod:`service.api.turns`: "early forward"); otherwise, and with ``early_forward`` off, the call
+is answered first. After the answer has been handed to the client, the end of the turn (stop
+reason, tool, predicted gap) is recorded off the response path. If Redis is unavailable the
+request is still forwarded (fail open, counted).
 """
 
 from __future__ import annotations
