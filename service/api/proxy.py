@@ -406,7 +406,13 @@ class Proxy:
         task.add_done_callback(self._pending.discard)
 
     async def _record_turn_end(self, turn: _Turn) -> None:
-        start = turn.start if turn.counting is None else await turn.counting
+        start = turn.start
+        if turn.counting is not None:
+            try:
+                start = await turn.counting
+            except Exception:  # a bug there: say so here, where the result was awaited
+                log.exception("counting an early-forwarded turn failed")
+                return
         if start is None or start.turn == 0:
             return  # Redis did not count the turn: there is no record to update
         now = self.clock()

@@ -19,7 +19,7 @@ from service.policy import GapPredictor, stop_class
 from service.policy.retention import LambdaEstimator, host_ttl_seconds, lambda_crit
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
-from service.state.store import StateStore
+from service.state.store import YIELD_EVERY, StateStore
 
 __all__ = ["Runtime"]
 
@@ -27,10 +27,6 @@ log = logging.getLogger(__name__)
 
 #: Calibration waits the regime controller replays (newest first in Redis).
 CALIBRATION_SAMPLES = 1024
-#: Rebuilding the shared models from thousands of samples every refresh took the event loop
-#: for several milliseconds at a time (every proxied request waiting behind it shows up in the
-#: tail): the rebuilds yield to it every this many samples.
-_YIELD_EVERY = 128
 LAMBDA_EVENTS = 4096
 #: Live sessions sampled per tenant for the sessions-by-state gauge.
 STATE_SAMPLE = 2000
@@ -114,7 +110,7 @@ class Runtime:
         predictor = GapPredictor()
         for i, obs in enumerate(observations):
             predictor.observe(obs.stop_reason or None, obs.gap_s, obs.tool or None)
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         self._predictors[tenant] = predictor
         self._gap_heads[tenant] = head
@@ -124,7 +120,7 @@ class Runtime:
         estimator = LambdaEstimator()
         for i, at in enumerate(sorted(times)):
             estimator.observe(at)
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         self.lambda_estimator = estimator
         self.calibration_waits = await self.store.float_samples("waits", CALIBRATION_SAMPLES)

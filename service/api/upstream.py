@@ -83,14 +83,23 @@ def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes
     return out
 
 
-class ProxiedResponse(Response):
-    """A whole upstream answer, relayed with headers already in ASGI form.
+class _RelayedHeaders(Response):
+    """A response whose headers are already in ASGI form (as :func:`response_headers` gives).
 
-    Starlette's ``Response`` would decode nothing here but still re-encode and re-scan every
-    header of every proxied answer; this one only adds the length. ``on_sent`` runs once the
-    answer is handed to the server (or sending it failed): the proxy's bookkeeping waits
-    until then instead of delaying the answer.
+    Starlette's ``Response.__init__`` would re-encode and re-scan every header of every
+    proxied answer; these skip it.
     """
+
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code = status_code
+        self.body = body
+        self.background = None
+        self.raw_headers = headers
+
+
+class ProxiedResponse(_RelayedHeaders):
+    """A whole upstream answer. ``on_sent`` runs once the answer is handed to the server (or
+    sending it failed): the proxy's bookkeeping waits until then instead of delaying it."""
 
     def __init__(
         self,
@@ -99,12 +108,9 @@ class ProxiedResponse(Response):
         headers: list[tuple[bytes, bytes]],
         on_sent: Callable[[], None] | None = None,
     ) -> None:
-        self.status_code = status_code
-        self.body = content
-        self.background = None
         if not (status_code < 200 or status_code in (204, 304)):
             headers.append((b"content-length", str(len(content)).encode()))
-        self.raw_headers = headers
+        super().__init__(status_code, headers, content)
         self._on_sent = on_sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -192,7 +198,7 @@ async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
     return result
 
 
-class RelayResponse(Response):
+class RelayResponse(_RelayedHeaders):
     """Stream an upstream response through, chunk by chunk, cancellable by disconnect.
 
     ``on_chunk`` sees every chunk (the proxy scans them for the finish reason);
@@ -209,10 +215,7 @@ class RelayResponse(Response):
         on_chunk: Callable[[bytes], None] | None = None,
         on_complete: Callable[[bool], None] | None = None,
     ) -> None:
-        self.status_code = status_code
-        self.background = None
-        self.body = b""
-        self.raw_headers = headers  # as response_headers() gives them: no content-length
+        super().__init__(status_code, headers, b"")  # streamed: no content-length
         self._upstream = upstream
         self._on_chunk = on_chunk
         self._on_complete = on_complete

@@ -25,6 +25,7 @@ from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
 
 __all__ = [
+    "YIELD_EVERY",
     "GapObservation",
     "SessionExists",
     "SessionNotFound",
@@ -40,8 +41,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-#: Long sample lists are parsed in slices of this many, yielding to the event loop between.
-_YIELD_EVERY = 256
+#: Long sample lists are parsed (and models rebuilt from them) in slices of this many, yielding
+#: to the event loop between: thousands at once held every proxied request for milliseconds.
+YIELD_EVERY = 256
 _json_encode = msgspec.json.Encoder().encode
 _decision_decoder = msgspec.json.Decoder(Decision)
 
@@ -409,7 +411,7 @@ class StateStore:
             observation = parse_observation(item)
             if observation is not None:
                 out.append(observation)
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # thousands of entries: let proxied requests through
         return out
 
@@ -436,7 +438,7 @@ class StateStore:
                 out.append(float(_text(item)))
             except ValueError:
                 continue
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         return out
 
