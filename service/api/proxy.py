@@ -128,6 +128,10 @@ class Proxy:
         self._loop = asyncio.get_running_loop()
         self._pending: set[asyncio.Task[Any]] = set()
         self._forecasts = TurnForecasts() if settings.early_forward else None
+        self._early = {
+            outcome: metrics.early_forwards.labels(outcome)
+            for outcome in ("confirmed", "wrong_turn", "state_unavailable")
+        }
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
@@ -292,7 +296,7 @@ class Proxy:
                 right = self._forecasts.settle(tenant.name, hints.session, forecast, counted)
                 if forecast is not None:
                     outcome = "state_unavailable" if counted is None else "confirmed"
-                    self.metrics.early_forwards.labels(outcome if right else "wrong_turn").inc()
+                    self._early[outcome if right else "wrong_turn"].inc()
         if start.seq:
             decisions.count(self.metrics, decision)
         if start.inferred:
