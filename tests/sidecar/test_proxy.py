@@ -196,7 +196,7 @@ def test_early_forward_numbers_turns_as_redis_does_and_counts_its_forecasts(
 
     def turn(http: httpx.Client) -> int:
         assert http.post(CHAT, json=_chat(), headers=headers).status_code == 200
-        return fake.received[-1].body["kv_transfer_params"]["tenure"]["turn"]
+        return int(fake.received[-1].body["kv_transfer_params"]["tenure"]["turn"])
 
     with httpx.Client(base_url=one.url) as a, httpx.Client(base_url=two.url) as b:
         # Turn 1 waits for Redis; 2-4 go upstream first and Redis confirms their numbers.

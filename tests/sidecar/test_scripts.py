@@ -77,7 +77,7 @@ async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_se
 ) -> None:
     turn = await _start(store, "s", "main", 1.0)
     update = SessionUpdate(
-        fields={"state": "idle", "wakeup_at": "9.5", "reason": "r|x \"q\""},
+        fields={"state": "idle", "wakeup_at": "9.5", "reason": 'r|x "q"'},
         deleted=["host_ttl_s", "never_set"],
         live_score=9.5,
         decision=_decision("a/s", "idle", turn=turn, expected_gap_s=8.5, wakeup_at=9.5),
@@ -90,7 +90,8 @@ async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_se
     assert record["version"] == "2" and "host_ttl_s" not in record
     newest, table = await store.decision_table()
     assert newest == seq
-    assert table[-1] == msgspec.structs.replace(update.decision, seq=seq)  # type: ignore[arg-type]
+    assert update.decision is not None
+    assert table[-1] == msgspec.structs.replace(update.decision, seq=seq)
     entries = await store.read_decisions("0", block_ms=0)
     assert entries[-1][1].seq == seq
     # The turn guard: a stale turn number changes nothing.
