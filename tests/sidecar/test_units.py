@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.exceptions
@@ -10,6 +11,12 @@ import redis.exceptions
 from service.api.hints import MAX_GAP_S, HintError, Hints, parse_hints
 from service.api.inference import LOOKBACK, prefix_digests
 from service.api.tenants import TenantResolver
+from service.api.upstream import (
+    _WATCH_AFTER_S,
+    ClientGone,
+    ProxiedResponse,
+    send_or_disconnect,
+)
 from service.settings import TenantSpec
 from service.state.breaker import Breaker, StateUnavailable
 
@@ -93,3 +100,60 @@ def test_breaker_fails_fast_then_probes_again():
     asyncio.run(scenario())
     assert errors == ["op"]
     assert len(calls) == 2
+
+
+async def test_disconnect_watch_starts_late_and_still_cancels_the_work() -> None:
+    calls = 0
+
+    async def gone() -> dict[str, str]:
+        nonlocal calls
+        calls += 1
+        return {"type": "http.disconnect"}
+
+    # Work done before the watcher would start: the client is never even asked.
+    assert await send_or_disconnect(asyncio.sleep(0, "done"), gone) == "done"
+    assert calls == 0
+    # Work that outlives it: the watcher sees the disconnect and cancels it.
+    cancelled = asyncio.Event()
+
+    async def engine() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "late"
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ClientGone):
+        await send_or_disconnect(engine(), gone)
+    assert cancelled.is_set() and calls == 1
+    assert loop.time() - started >= _WATCH_AFTER_S
+
+
+async def test_answer_bookkeeping_runs_after_the_answer_even_when_sending_fails() -> None:
+    sent: list[str] = []
+    seen: list[list[str]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message["type"])
+
+    answer = ProxiedResponse(b"{}", 200, [(b"content-type", b"application/json")],
+                             on_sent=lambda: seen.append(list(sent)))  # fmt: skip
+    await answer({"type": "http"}, _never, send)
+    assert seen == [["http.response.start", "http.response.body"]]
+    assert answer.raw_headers[-1] == (b"content-length", b"2")
+
+    async def broken(message: Any) -> None:
+        raise OSError("client gone")
+
+    ran: list[bool] = []
+    empty = ProxiedResponse(b"", 204, [], on_sent=lambda: ran.append(True))
+    with pytest.raises(OSError):
+        await empty({"type": "http"}, _never, broken)
+    assert ran == [True] and empty.raw_headers == []  # no length on a 204
+
+
+async def _never() -> Any:
+    raise AssertionError("a whole answer never reads from the client")
