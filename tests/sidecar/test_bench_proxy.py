@@ -18,10 +18,10 @@ KEYS = {
 
 @pytest.mark.slow
 def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
-    out = tmp_path / "proxy.json"
+    out, plot = tmp_path / "proxy.json", tmp_path / "latency.png"
     argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--concurrency", "4",
             "--requests", "80", "--rounds", "2", "--rate", "200", "--json", str(out),
-            "--versus", "TENURE_UPSTREAM_CLIENT=aiohttp"]  # fmt: skip
+            "--versus", "TENURE_UPSTREAM_CLIENT=aiohttp", "--plot", str(plot)]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "latency round 2/2" in run.stdout
@@ -37,6 +37,8 @@ def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
     versus = result["versus"]
     assert versus["env"] == {"TENURE_UPSTREAM_CLIENT": "aiohttp"}
     assert versus["proxy_rps"] > 0 and math.isfinite(versus["added_p99_ms"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "latencies" not in result  # the raw samples feed the plot, not the JSON
 
 
 @pytest.mark.parametrize(
