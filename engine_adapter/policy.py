@@ -49,7 +49,11 @@ _PRUNE_ABOVE = 20_000
 
 @dataclass(slots=True)
 class _RequestInfo:
-    """Per-request state, cached in the request's ``ReqContext``."""
+    """Per-request state, cached in the request's ``ReqContext``.
+
+    ``owner`` is the policy's generation token: a ``clear()`` (vLLM's ``reset_cache``) makes a
+    new one, so state cached before it (segment ids of the old tier) is never trusted after.
+    """
 
     owner: object
     tags: RequestTags
@@ -57,7 +61,6 @@ class _RequestInfo:
     seg: int = -1
     next_index: int = 0
     started: bool = False
-    forks: int = 0
     inserted: list[OffloadKey] = field(default_factory=list)
 
 
@@ -86,11 +89,16 @@ class TenureCachePolicy(CachePolicy):
         #: Push channel -> engine thread: Decisions and Snapshots (appended by another thread).
         self.inbox: deque[Decision | Snapshot] = deque()
         self.stats: Counter[str] = Counter()
+        #: Bumped by every ``clear()``, like vLLM's manager's cache generation.
+        self.generation = 0
         self._reset_state()
 
     # --- state --------------------------------------------------------------------------------
 
     def _reset_state(self) -> None:
+        # Per-request state made before this point belongs to the old tier: a fresh token
+        # makes every ReqContext's cached _RequestInfo stale (one identity check per call).
+        self._epoch = object()
         self.core = create_policy(self.core_name, self._core_params)
         self.tier = HostTier(self.core, self.cache_capacity)
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
@@ -99,10 +107,17 @@ class TenureCachePolicy(CachePolicy):
         self._loc: dict[OffloadKey, _Loc] = {}
         self._key_at: list[list[OffloadKey | None]] = []
         self._frontier: list[int] = []
+        #: Base segment -> its fork segments (context edits, same-position KV groups).
+        self._forks: dict[int, list[int]] = {}
+        self._fork_serial = 0
         self._pinned: set[OffloadKey] = set()
         self._doomed: dict[OffloadKey, EvictionClass] = {}
         self._staged: set[OffloadKey] = set()
         self._staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
+        #: Under vLLM's stock manager: the misses of an offer not decided yet (``on_store_miss``
+        #: only sees the new misses; ``evict`` sees the whole offer, ``insert`` a store that
+        #: needs no room), with the storing request.
+        self._stash: tuple[list[OffloadKey], ReqContext] | None = None
         self._refused = False
         self._offer_blocks = 0
         self._polls = 0
@@ -175,11 +190,11 @@ class TenureCachePolicy(CachePolicy):
         if ctx is None:
             ctx = self._last_ctx
         info = ctx.get_state(_RequestInfo) if ctx is not None else None
-        if info is None or info.owner is not self:
+        if info is None or info.owner is not self._epoch:
             tags = parse_tags(ctx.kv_transfer_params if ctx is not None else None)
             if tags.invalid:
                 self.stats["invalid_tags"] += tags.invalid
-            info = _RequestInfo(owner=self, tags=tags, session=tags.session_id)
+            info = _RequestInfo(owner=self._epoch, tags=tags, session=tags.session_id)
             if ctx is not None:
                 ctx.set_state(info)
         if info.session is None:
@@ -244,14 +259,17 @@ class TenureCachePolicy(CachePolicy):
 
     def begin_store(
         self,
-        keys_to_store: Sequence[OffloadKey],
+        offer: Sequence[OffloadKey],
         ctx: ReqContext | None,
         now: float | None = None,
     ) -> bool:
         """Decide an offer (the keys vLLM is about to store) before vLLM evicts for it.
 
-        Returns whether the core admitted it. On admission the missing keys are staged (the
-        tier counts them resident) and the victims are held for ``evict``.
+        ``offer`` is the whole offer as vLLM's ``prepare_store`` sees it: the keys it already
+        holds are not stored again but are *protected* (vLLM never evicts a key of the offer),
+        so the core is told about them and never picks them as victims. Returns whether the
+        core admitted the store. On admission the missing keys are staged (the tier counts them
+        resident) and the victims are held for ``evict``.
         """
         now = self._clock() if now is None else now
         self._unstage(now)
@@ -265,34 +283,43 @@ class TenureCachePolicy(CachePolicy):
         # refused, and a refusal then costs no writes to undo.
         runs: list[Run] = []
         planned: list[tuple[OffloadKey, int, int]] = []
+        held: list[_Loc] = []
         run_seg = run_start = run_stop = -1
         chunks, staged = self.chunks, self._staged
-        key_at = self._key_at
+        key_at, loc_map = self._key_at, self._loc
         positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
         unit = self.block_tokens
         seg = info.seg
         slots = key_at[seg]
+        fallback = info.next_index  # keys without a known position follow the previous one
         taken: dict[int, OffloadKey] = {}  # indices this offer claims in ``seg``
-        for key in keys_to_store:
+        for key in offer:
             if key in chunks or key in staged:
+                loc = loc_map.get(key)
+                if loc is not None:
+                    held.append(loc)
                 continue
             pos = positions.get(key)
             if pos and unit and pos % unit == 0:
                 index = pos // unit - 1
-            else:
+            elif pos and pos > 0:
                 index = self._index(key, ctx, info)
                 unit = self.block_tokens
+            else:
+                index = fallback
             other = taken.get(index)
             if other is None and index < len(slots):
                 other = slots[index]
             if other is not None and other != key:
                 # Same session, same position, different content (an edited or branched
-                # context): continue in a fork segment so residency stays one key per slot.
-                info.forks += 1
-                info.seg = seg = self._segment(session, (info.tags.segment, "fork", info.forks))
+                # context, or another KV group): continue in a segment whose slot is free, so
+                # residency stays one key per slot.
+                seg = self._fork(session, info, seg, index, planned)
+                info.seg = seg
                 slots = key_at[seg]
-                taken = {}
+                taken = {i: k for k, s, i in planned if s == seg}
             taken[index] = key
+            fallback = index + 1
             planned.append((key, seg, index))
             if seg == run_seg and index == run_stop:
                 run_stop += 1
@@ -306,19 +333,20 @@ class TenureCachePolicy(CachePolicy):
         runs.append(Run(run_seg, run_start, run_stop))
         info.next_index = run_stop
         protected = runs
-        if (
-            self._pinned
-            and self.tier.capacity is not None
-            and n_new > self.tier.capacity - self.tier.used
-        ):
-            protected = runs + self._pinned_runs()
+        capacity = self.tier.capacity
+        if capacity is not None and n_new > capacity - self.tier.used:
+            # Victims will be chosen: what vLLM will not let go must be off limits to the core.
+            if held:
+                protected = protected + _merge(sorted(held))
+            if self._pinned:
+                protected = protected + self._pinned_runs()
         result = self.tier.store(protected, session, now)
         if not result.admitted:
             self._refused = True
             self.stats["refusals"] += 1
             self.stats["refused_blocks"] += n_new
             return False
-        loc_map, frontier = self._loc, self._frontier
+        frontier = self._frontier
         for key, seg, index in planned:
             slots = key_at[seg]
             if len(slots) <= index:
@@ -336,6 +364,26 @@ class TenureCachePolicy(CachePolicy):
         self._staged_victims = staged_victims
         return True
 
+    def _fork(
+        self,
+        session: str,
+        info: _RequestInfo,
+        current: int,
+        index: int,
+        planned: Sequence[tuple[OffloadKey, int, int]],
+    ) -> int:
+        """A segment of ``info``'s context whose slot ``index`` is free (a new fork if none)."""
+        base = self._segment(session, info.tags.segment)
+        forks = self._forks.setdefault(base, [])
+        claimed = {s for _, s, i in planned if i == index}
+        for seg in (base, *forks):
+            if seg != current and seg not in claimed and self._occupant(seg, index) is None:
+                return seg
+        self._fork_serial += 1
+        seg = self._segment(session, (info.tags.segment, "fork", self._fork_serial))
+        forks.append(seg)
+        return seg
+
     def _keys_of(self, run: Run) -> list[OffloadKey]:
         slots = self._key_at[run.seg]
         out: list[OffloadKey] = []
@@ -351,8 +399,10 @@ class TenureCachePolicy(CachePolicy):
 
     def _unstage(self, now: float) -> None:
         """Roll back what an offer staged but vLLM never inserted (its store was dropped)."""
-        leftovers = [k for k in self._staged if k not in self.chunks]
-        self._staged.clear()
+        self._stash = None
+        staged = self._staged
+        leftovers = [k for k in staged if k not in self.chunks] if staged else []
+        staged.clear()
         offered, self._offer_blocks = self._offer_blocks, 0
         if offered:
             inserted = offered - len(leftovers)
@@ -364,9 +414,12 @@ class TenureCachePolicy(CachePolicy):
                 self.stats["refusals"] += 1
                 self.stats["refused_blocks"] += offered
         if leftovers:
-            runs = [self._run_of(k) for k in leftovers]
+            runs: list[Run] = []
             for key in leftovers:
-                self._unplace(key)
+                # A reclaim may have dropped a staged key's slot already (stock manager).
+                loc = self._unplace(key)
+                if loc is not None:
+                    runs.append(Run(loc[0], loc[1], loc[1] + 1))
             self.tier.drop(runs)
         victims, self._staged_victims = self._staged_victims, None
         self._refused = False
@@ -386,7 +439,10 @@ class TenureCachePolicy(CachePolicy):
     def _readmit(self, keys: Iterable[OffloadKey], now: float) -> None:
         for key in keys:
             loc = self._loc.get(key)
-            if loc is None or key not in self.chunks:
+            if loc is None:
+                continue
+            if key not in self.chunks:
+                self._unplace(key)
                 continue
             run = Run(loc[0], loc[1], loc[1] + 1)
             if self.tier.is_resident(loc[0], loc[1]):
@@ -405,6 +461,15 @@ class TenureCachePolicy(CachePolicy):
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: Any = None) -> None:
         # vLLM 0.32 calls insert(key, chunk); 0.33 adds the request context.
+        stash = self._stash
+        if stash is not None and key not in self._staged:
+            # Stock manager, a store that needed no room (no evict call): decide it now.
+            self._stash = None
+            if key in stash[0] and not self.begin_store(stash[0], stash[1]):
+                self._refused = False  # vLLM stores anyway; the keys go first (below)
+            surplus, self._staged_victims = self._staged_victims, None
+            for victim, cls in surplus or ():
+                self._doom(victim, cls)  # room vLLM did not need: evicted first, later
         self.chunks[key] = chunk
         if chunk.ref_cnt != 0:
             self._pinned.add(key)
@@ -444,17 +509,60 @@ class TenureCachePolicy(CachePolicy):
             self.tier.drop([run])
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # Not a request-scoped use in the core's model (that is on_request_finished); vLLM 0.32
-        # never calls it from the scheduler. Keep the session map fresh only.
-        return
+        """A direct recency signal (vLLM's tiering manager sends it; 0.32's scheduler never does).
+
+        Passed to the core as runs in the order given; the recency cores (``lru``,
+        ``lru-reclaim``, ``arc``) apply it as vLLM's LRU / ARC do, the lifecycle policies ignore
+        it (a touch is neither a request start nor a finish). Keys vLLM does not hold, or holds
+        only as doomed, are not in the tier and are skipped (vLLM's LRU skips unheld keys too;
+        ARC's ghost-hit adaptation on a touch of an unheld key is not mirrored).
+        """
+        now = self._clock()
+        if self._staged or self._stash is not None:
+            self._unstage(now)
+        chunks, loc_of = self.chunks, self._loc.get
+        locs: list[_Loc] = []
+        pending: list[_Loc] = []
+        for key in keys:
+            chunk = chunks.get(key)
+            loc = loc_of(key) if chunk is not None else None
+            if loc is None or chunk is None:
+                continue
+            locs.append(loc)
+            if chunk.ref_cnt < 0:
+                pending.append(loc)
+        if locs:
+            self.tier.touch(_merge(locs), now, pending=_merge(sorted(pending)))
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # Under vLLM's stock manager this is the one call with the request context before
-        # evict(); TenureOffloadingManager has already decided the offer (keys are staged).
+        # TenureOffloadingManager has decided the offer already (its keys are staged). Under
+        # vLLM's stock manager this call sees only the offer's new misses, and the keys vLLM
+        # protects are known at evict(): remember the misses, decide there (or at insert()).
         keys = list(keys)
-        if all(k in self._staged or k in self.chunks for k in keys):
+        staged, chunks = self._staged, self.chunks
+        if all(k in staged or k in chunks for k in keys):
             return
-        self.begin_store(keys, req_context)
+        self._stash = (keys, req_context)
+        self._last_ctx = req_context
+
+    def _stashed_offer(self, protected: set[OffloadKey]) -> tuple[list[OffloadKey], Any]:
+        """The whole offer behind ``evict(n, protected)`` under the stock manager, in order."""
+        stash, self._stash = self._stash, None
+        chunks = self.chunks
+        held: list[OffloadKey] = []
+        missing: list[OffloadKey] = []
+        for key in protected:
+            (held if key in chunks else missing).append(key)
+        ctx: Any = self._last_ctx
+        first: list[OffloadKey] = []
+        if stash is not None and all(k in protected and k not in chunks for k in stash[0]):
+            first, ctx = stash[0], stash[1]
+        rest = set(missing).difference(first)
+        if rest:
+            # Misses on_store_miss did not report (a retried offer): in prefix order if known.
+            positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
+            first = first + sorted(rest, key=lambda k: positions.get(k, 0))
+        return first + held, ctx
 
     def on_request_finished(
         self,
@@ -464,6 +572,8 @@ class TenureCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         now = self._clock()
+        if self._staged or self._stash is not None:
+            self._unstage(now)  # a stock-manager offer vLLM dropped: over by now
         info = self._request(req_context, now)
         session = info.session
         assert session is not None
@@ -511,37 +621,52 @@ class TenureCachePolicy(CachePolicy):
             return []
         if self._refused:
             self._refused = False
+            self._stash = None
             return None
         if self._staged_victims is None:
-            # An offer nobody staged (a retried store under the stock manager): decide it now.
-            missing = [k for k in protected if k not in self.chunks and k not in self._staged]
-            if not self.begin_store(missing, None):
+            # Stock manager: the offer is decided here, where vLLM says what it protects.
+            offer, ctx = self._stashed_offer(protected)
+            if not self.begin_store(offer, ctx):
                 self._refused = False
                 return None
         chosen = list(self._staged_victims or ())
         self._staged_victims = None
-        short = n - len(chosen)
-        if short < 0:
+        if len(chosen) > n:
             # The core freed more than vLLM needs (its books counted chunks vLLM still holds):
             # the surplus stays with vLLM as doomed, evicted later.
             for key, cls in chosen[n:]:
                 self._doom(key, cls)
             chosen = chosen[:n]
+        short = n - len(chosen)
+        fills: list[tuple[OffloadKey, EvictionClass]] = []
         if short > 0:
-            for key, cls in list(self._doomed.items()):
-                if short == 0:
-                    break
-                if key in self._pinned or key in protected:
-                    continue
-                chosen.append((key, cls))
+            pinned = self._pinned
+            for key, cls in self._doomed.items():
+                if key not in pinned and key not in protected:
+                    fills.append((key, cls))
+                    if len(fills) == short:
+                        break
+            for key, _ in fills:
                 del self._doomed[key]
-                short -= 1
-        if short > 0 or any(k in self._pinned for k, _ in chosen):
-            # Not enough evictable room: refuse; the core already forgot its victims.
-            for key, cls in chosen:
-                self._doom(key, cls)
+            short -= len(fills)
+        if short > 0:
+            # Room the tier does not count (chunks vLLM holds for pinned doomed keys, or a bare
+            # evict() with no offer): the core picks that many more victims.
+            more = self._make_room(short, protected)
+            if more is not None:
+                chosen.extend(more)
+                short = 0
+        if short > 0 or any(k in self._pinned or k in protected for k, _ in chosen):
+            # Not enough evictable room (pinned chunks), or the core chose a key vLLM protects:
+            # refuse and change nothing vLLM sees. The doomed stay doomed; the core's own
+            # victims go back to the tier once the offer's staged keys are rolled back.
+            for key, cls in fills:
+                self._doomed[key] = cls
+            self._staged_victims = chosen
+            self._unstage(self._clock())
             self.stats["refusals_pinned"] += 1
             return None
+        chosen.extend(fills)
         out: list[tuple[OffloadKey, ChunkStatus]] = []
         doomed, sharers, chunks, loc_map, key_at = (
             self._doomed,
@@ -565,8 +690,28 @@ class TenureCachePolicy(CachePolicy):
             self.stats[f"evicted_blocks_{cls.value}"] += count
         return out
 
+    def _make_room(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, EvictionClass]] | None:
+        """``n`` victims from the core with nothing stored, or ``None`` (nothing changed)."""
+        loc_of = self._loc.get
+        locs = [loc for k in protected if (loc := loc_of(k)) is not None]
+        locs += [loc for k in self._staged if (loc := loc_of(k)) is not None]
+        keep = _merge(sorted(locs))
+        if self._pinned:
+            keep += self._pinned_runs()
+        victims = self.tier.make_room(n, None, keep, self._clock())
+        if victims is None:
+            return None
+        key_at = self._key_at
+        out: list[tuple[OffloadKey, EvictionClass]] = []
+        for (vseg, start, stop), cls in victims:
+            out.extend((k, cls) for k in key_at[vseg][start:stop] if k is not None)
+        return out
+
     def clear(self) -> None:
         inbox, stats = self.inbox, self.stats
+        self.generation += 1
         self._reset_state()
         self.inbox, self.stats = inbox, stats
 
@@ -584,6 +729,10 @@ class TenureCachePolicy(CachePolicy):
             for key in self._keys_of(victim.run):
                 owner = self.tier.owner(self._loc[key][0])
                 self._unplace(key)
+                if key not in self.chunks:
+                    # Staged by an offer vLLM never placed (stock manager): nothing to free.
+                    self._staged.discard(key)
+                    continue
                 if victim.cls in (EvictionClass.RECLAIM, EvictionClass.TTL) and self._inherit(
                     key, owner, now
                 ):

@@ -85,6 +85,16 @@ class TierPolicy(ABC):
         request stored itself (insertion-only, not a reuse), which ARC tells apart.
         """
 
+    def on_touch(  # noqa: B027
+        self, runs: Sequence[Run], pending: Sequence[Run], now: float
+    ) -> None:
+        """A direct recency signal for resident ``runs`` in the order given (vLLM's ``touch``).
+
+        Not a request: no session starts or finishes. ``pending`` are the touched blocks whose
+        store has not completed yet (vLLM's ARC keeps those in T1). Recency policies apply it;
+        the default ignores it.
+        """
+
     def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:  # noqa: B027
         """The tier refused ``session``'s offer of ``runs`` (after ``select_victims`` said no)."""
 

@@ -123,13 +123,20 @@ class LRUPolicy(TierPolicy):
     def on_insert(self, run: Run, now: float) -> None:
         self._rank_range(run.seg, run.start, run.stop, asc=True)
 
-    def on_access(
-        self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
-    ) -> None:
-        # vLLM re-ranks the request's resident keys tail to head: the head ends most recent.
+    def _rerank(self, runs: Sequence[Run]) -> None:
+        # vLLM re-ranks the used resident keys tail to head: the head ends most recent.
         for run in reversed(runs):
             for piece in reversed(self._resident_pieces(run)):
                 self._rank_range(piece.seg, piece.start, piece.stop, asc=False)
+
+    def on_access(
+        self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
+    ) -> None:
+        self._rerank(runs)
+
+    def on_touch(self, runs: Sequence[Run], pending: Sequence[Run], now: float) -> None:
+        # vLLM's touch re-ranks the given keys exactly as a request-scoped access does.
+        self._rerank(runs)
 
     def on_remove(self, run: Run) -> None:
         self._cut(run.seg, run.start, run.stop)

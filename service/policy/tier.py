@@ -173,6 +173,24 @@ class HostTier:
         self.counters["stored_blocks"] += n_missing
         return StoreResult(admitted=True, stored_blocks=n_missing, victims=tuple(victims))
 
+    def make_room(
+        self, n: int, session: str | None, protected: Sequence[Run], now: float
+    ) -> list[Victim] | None:
+        """Evict exactly ``n`` resident blocks outside ``protected`` with nothing stored (vLLM's
+        bare ``evict``: room for chunks the tier does not count), or ``None`` and no change."""
+        if n <= 0:
+            return []
+        if self.capacity is None:
+            return None  # an unbounded tier has no victims to give (``infinite``)
+        chosen = self.policy.select_victims(n, session, protected, now)
+        if chosen is None:
+            return None
+        freed = sum(v.run.blocks for v in chosen)
+        if freed != n:
+            raise AssertionError(f"policy {self.policy.name!r} freed {freed} blocks, asked for {n}")
+        self._clear(chosen)
+        return chosen
+
     def access(
         self,
         runs: Sequence[Run],
@@ -193,6 +211,10 @@ class HostTier:
             session = self._seg_owner[runs[0].seg]
         self.policy.on_access(session, runs, inserted, now)
         return self.expire(now)
+
+    def touch(self, runs: Sequence[Run], now: float, *, pending: Sequence[Run] = ()) -> None:
+        """vLLM's ``touch``: ``runs`` (in the caller's order) were used, outside any request."""
+        self.policy.on_touch(runs, pending, now)
 
     def request_start(self, session: str, now: float) -> None:
         self.policy.on_request_start(session, now)
