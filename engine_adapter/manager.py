@@ -113,8 +113,13 @@ class TenureOffloadingManager(CPUOffloadingManager):
                 # the room): the gate is not asked, so nothing is decided for a store that
                 # cannot happen.
                 tenure.stats["refusals_pinned"] += 1
+                reported = self._get_request_cache_access(req_context).store_miss_keys
+                fresh = [k for k in to_store if k not in reported]
+                if fresh:
+                    tenure.report_misses(fresh, req_context)
                 return super().prepare_store(keys, req_context)
-            admitted = tenure.begin_store(offer, req_context)
+            reported = self._get_request_cache_access(req_context).store_miss_keys
+            admitted = tenure.begin_store(offer, req_context, reported=reported)
             if not admitted and need <= 0:
                 # vLLM would store without asking for victims: refuse here.
                 return None

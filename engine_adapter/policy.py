@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +45,8 @@ _Loc = tuple[int, int]
 #: Per-session tables above this size drop sessions with nothing resident (checked every
 #: 1024 polls, i.e. engine steps).
 _PRUNE_ABOVE = 20_000
+#: Requests whose reported store misses the stock-manager path remembers.
+_RECENT_REQUESTS = 256
 
 
 @dataclass(slots=True)
@@ -118,6 +120,9 @@ class TenureCachePolicy(CachePolicy):
         #: only sees the new misses; ``evict`` sees the whole offer, ``insert`` a store that
         #: needs no room), with the storing request.
         self._stash: tuple[list[OffloadKey], ReqContext] | None = None
+        #: Stock manager: recent requests' reported misses (key -> order), to find the request
+        #: and the store behind a bare evict() when vLLM did not report (a retried offer).
+        self._misses: OrderedDict[int, tuple[ReqContext, dict[OffloadKey, int]]] = OrderedDict()
         self._refused = False
         self._offer_blocks = 0
         self._polls = 0
@@ -262,14 +267,18 @@ class TenureCachePolicy(CachePolicy):
         offer: Sequence[OffloadKey],
         ctx: ReqContext | None,
         now: float | None = None,
+        *,
+        reported: Collection[OffloadKey] | None = None,
     ) -> bool:
         """Decide an offer (the keys vLLM is about to store) before vLLM evicts for it.
 
         ``offer`` is the whole offer as vLLM's ``prepare_store`` sees it: the keys it already
         holds are not stored again but are *protected* (vLLM never evicts a key of the offer),
-        so the core is told about them and never picks them as victims. Returns whether the
-        core admitted the store. On admission the missing keys are staged (the tier counts them
-        resident) and the victims are held for ``evict``.
+        so the core is told about them and never picks them as victims. ``reported``: the
+        misses this request already reported to vLLM's manager (it tells a policy of each miss
+        once; ARC learns from them). Returns whether the core admitted the store. On admission
+        the missing keys are staged (the tier counts them resident) and the victims are held
+        for ``evict``.
         """
         now = self._clock() if now is None else now
         self._unstage(now)
@@ -340,7 +349,10 @@ class TenureCachePolicy(CachePolicy):
                 protected = protected + _merge(sorted(held))
             if self._pinned:
                 protected = protected + self._pinned_runs()
-        result = self.tier.store(protected, session, now)
+        misses = None
+        if reported:
+            misses = _merge([(s, i) for k, s, i in planned if k not in reported])
+        result = self.tier.store(protected, session, now, misses=misses)
         if not result.admitted:
             self._refused = True
             self.stats["refusals"] += 1
@@ -363,6 +375,29 @@ class TenureCachePolicy(CachePolicy):
             staged_victims.extend((k, cls) for k in key_at[vseg][start:stop] if k is not None)
         self._staged_victims = staged_victims
         return True
+
+    def report_misses(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> None:
+        """vLLM reported store misses for a store it then could not make (no evictable room):
+        the core learns from them as from the misses of a store (ARC adapts to ghost hits).
+        Keys are located where the store would have put them; a slot held by other content
+        (an edit: the store would fork) has no history to learn from and is skipped."""
+        now = self._clock()
+        info = self._request(ctx, now)
+        positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
+        unit = self.block_tokens
+        locs: list[_Loc] = []
+        index = info.next_index
+        for key in keys:
+            pos = positions.get(key)
+            if pos and unit and pos % unit == 0:
+                index = pos // unit - 1
+            elif pos and pos > 0:
+                index = self._index(key, ctx, info)
+                unit = self.block_tokens
+            if self._occupant(info.seg, index) is None:
+                locs.append((info.seg, index))
+            index += 1
+        self.tier.report_misses(_merge(locs), now)
 
     def _fork(
         self,
@@ -544,25 +579,50 @@ class TenureCachePolicy(CachePolicy):
             return
         self._stash = (keys, req_context)
         self._last_ctx = req_context
+        entry = self._misses.get(id(req_context))
+        if entry is None or entry[0] is not req_context:
+            entry = self._misses[id(req_context)] = (req_context, {})
+            if len(self._misses) > _RECENT_REQUESTS:
+                self._misses.popitem(last=False)
+        else:
+            self._misses.move_to_end(id(req_context))
+        missed = entry[1]
+        for k in keys:
+            missed.setdefault(k, len(missed))
 
-    def _stashed_offer(self, protected: set[OffloadKey]) -> tuple[list[OffloadKey], Any]:
-        """The whole offer behind ``evict(n, protected)`` under the stock manager, in order."""
-        stash, self._stash = self._stash, None
+    def _stashed_offer(
+        self, n: int, protected: set[OffloadKey]
+    ) -> tuple[list[OffloadKey], ReqContext | None]:
+        """The whole offer behind ``evict(n, protected)`` under the stock manager, in order,
+        and the request making it (``protected`` is the offer; its misses are the store)."""
+        self._stash = None
         chunks = self.chunks
         held: list[OffloadKey] = []
         missing: list[OffloadKey] = []
         for key in protected:
             (held if key in chunks else missing).append(key)
-        ctx: Any = self._last_ctx
-        first: list[OffloadKey] = []
-        if stash is not None and all(k in protected and k not in chunks for k in stash[0]):
-            first, ctx = stash[0], stash[1]
-        rest = set(missing).difference(first)
-        if rest:
-            # Misses on_store_miss did not report (a retried offer): in prefix order if known.
-            positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
-            first = first + sorted(rest, key=lambda k: positions.get(k, 0))
-        return first + held, ctx
+        entry: tuple[ReqContext, dict[OffloadKey, int]] | None = None
+        for candidate in reversed(self._misses.values()):
+            seen, where = candidate[1], candidate[0]._offload_key_positions
+            if all(k in seen or k in where for k in missing):
+                entry = candidate
+                break
+        ctx = entry[0] if entry is not None else self._last_ctx
+        if entry is not None:
+            # vLLM stores n + its free chunks of them: with a store threshold, only the misses
+            # it reported (the rest did not pass the threshold).
+            want = n + self.cache_capacity - len(chunks)
+            if len(missing) > want:
+                narrowed = [k for k in missing if k in entry[1]]
+                if len(narrowed) == want:
+                    missing = narrowed
+        positions = ctx._offload_key_positions if ctx is not None else {}
+        if missing and all(k in positions for k in missing):
+            missing.sort(key=positions.__getitem__)
+        elif entry is not None:
+            order = entry[1]
+            missing.sort(key=lambda k: order.get(k, len(order)))
+        return missing + held, ctx
 
     def on_request_finished(
         self,
@@ -574,6 +634,8 @@ class TenureCachePolicy(CachePolicy):
         now = self._clock()
         if self._staged or self._stash is not None:
             self._unstage(now)  # a stock-manager offer vLLM dropped: over by now
+        if self._misses:
+            self._misses.pop(id(req_context), None)
         info = self._request(req_context, now)
         session = info.session
         assert session is not None
@@ -625,7 +687,7 @@ class TenureCachePolicy(CachePolicy):
             return None
         if self._staged_victims is None:
             # Stock manager: the offer is decided here, where vLLM says what it protects.
-            offer, ctx = self._stashed_offer(protected)
+            offer, ctx = self._stashed_offer(n, protected)
             if not self.begin_store(offer, ctx):
                 self._refused = False
                 return None

@@ -155,16 +155,14 @@ class TierPolicy(ABC):
 
 
 def merge_runs(blocks: Sequence[tuple[int, int]], cls: EvictionClass) -> list[Victim]:
-    """Turn ``(seg, index)`` pairs into victims over maximal contiguous runs (order kept)."""
+    """Turn ``(seg, index)`` pairs into victims over maximal ascending runs (order kept: a
+    descending pair stays two victims, so the blocks leave in the order they were chosen)."""
     victims: list[Victim] = []
     for seg, index in blocks:
         if victims:
             last = victims[-1].run
             if last.seg == seg and last.stop == index:
                 victims[-1] = Victim(Run(seg, last.start, index + 1), cls)
-                continue
-            if last.seg == seg and last.start == index + 1:
-                victims[-1] = Victim(Run(seg, index, last.stop), cls)
                 continue
         victims.append(Victim(Run(seg, index, index + 1), cls))
     return victims

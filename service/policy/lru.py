@@ -162,9 +162,12 @@ class LRUPolicy(TierPolicy):
             for lo, hi in _unprotected(run.lo, run.hi, guard.get(run.seg), run.asc):
                 take = min(need, hi - lo)
                 # Ranks rise from lo (a store) or from hi - 1 (an access): take the low end.
-                chosen.append(
-                    Run(run.seg, lo, lo + take) if run.asc else Run(run.seg, hi - take, hi)
-                )
+                if run.asc:
+                    chosen.append(Run(run.seg, lo, lo + take))
+                else:
+                    # One victim per block, tail first: victims list in vLLM's eviction
+                    # order (the order its chunks return to the pool).
+                    chosen.extend(Run(run.seg, i, i + 1) for i in range(hi - 1, hi - take - 1, -1))
                 need -= take
                 if need == 0:
                     break

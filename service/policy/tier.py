@@ -138,18 +138,27 @@ class HostTier:
 
     # --- mutations --------------------------------------------------------------------------
 
-    def store(self, runs: Sequence[Run], session: str, now: float) -> StoreResult:
+    def store(
+        self,
+        runs: Sequence[Run],
+        session: str,
+        now: float,
+        *,
+        misses: Sequence[Run] | None = None,
+    ) -> StoreResult:
         """Offer ``runs`` (a request's freshly computed blocks, prefix order) to the tier.
 
         All-or-nothing, as vLLM's ``prepare_store``: either every missing block is admitted
-        (after the policy frees room) or none is and nothing changes.
+        (after the policy frees room) or none is and nothing changes. ``misses``: the missing
+        blocks to report as store misses (vLLM reports a block once per request; default:
+        all missing blocks).
         """
         pieces = self.missing(runs)
         n_missing = sum(p.stop - p.start for p in pieces)
         self.counters["store_offers"] += 1
         if n_missing == 0:
             return StoreResult(admitted=True, stored_blocks=0)
-        self.policy.on_store_miss(pieces, now)
+        self.policy.on_store_miss(pieces if misses is None else misses, now)
         victims: list[Victim] = []
         if self.capacity is not None:
             need = n_missing - (self.capacity - self.used)
@@ -172,6 +181,12 @@ class HostTier:
             self.policy.on_insert(piece, now)
         self.counters["stored_blocks"] += n_missing
         return StoreResult(admitted=True, stored_blocks=n_missing, victims=tuple(victims))
+
+    def report_misses(self, runs: Sequence[Run], now: float) -> None:
+        """Blocks were offered and missed, but the store did not go ahead (vLLM's manager had no
+        evictable room): policies that learn from misses (ARC's ghost lists) still learn."""
+        if runs:
+            self.policy.on_store_miss(runs, now)
 
     def make_room(
         self, n: int, session: str | None, protected: Sequence[Run], now: float
