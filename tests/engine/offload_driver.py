@@ -19,15 +19,20 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadKey
+else:
+    OffloadKey = bytes
 
 BLOCK = 16
 SYSTEM_BLOCKS = 2
 
 
-def key(serial: int, group: int = 0) -> bytes:
+def key(serial: int, group: int = 0) -> OffloadKey:
     """A 32-byte block hash + 4-byte KV group index, as vLLM's ``OffloadKey``."""
-    return serial.to_bytes(32, "big") + group.to_bytes(4, "big")
+    return OffloadKey(serial.to_bytes(32, "big") + group.to_bytes(4, "big"))
 
 
 class One:
@@ -41,7 +46,7 @@ class One:
 
         return ReqContext(req_id=req_id, kv_transfer_params=params)
 
-    def position(self, ctx: Any, k: bytes, end_token: int) -> None:
+    def position(self, ctx: Any, k: OffloadKey, end_token: int) -> None:
         ctx.set_offload_key_position(k, end_token)
 
     def call(self, name: str, *args: Any) -> Any:
@@ -61,7 +66,7 @@ class Lockstep:
     def new_ctx(self, req_id: str, params: dict[str, Any] | None) -> Any:
         return (self.reference.new_ctx(req_id, params), self.subject.new_ctx(req_id, params))
 
-    def position(self, ctx: Any, k: bytes, end_token: int) -> None:
+    def position(self, ctx: Any, k: OffloadKey, end_token: int) -> None:
         ctx[0].set_offload_key_position(k, end_token)
         ctx[1].set_offload_key_position(k, end_token)
 
@@ -79,14 +84,14 @@ class Lockstep:
 class _Request:
     req_id: str
     ctx: Any
-    keys: list[bytes]
+    keys: list[OffloadKey]
     slot: str  # the session slot (its tag, when tagged)
     last: bool
     stage: str = "lookup"  # lookup -> store -> finish
     next_store: int = 0
     offers: int = 1
-    loads: list[list[bytes]] = field(default_factory=list)
-    stores: list[list[bytes]] = field(default_factory=list)
+    loads: list[list[OffloadKey]] = field(default_factory=list)
+    stores: list[list[OffloadKey]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,7 +122,7 @@ class Driver:
         mix: Mix | None = None,
         after: Callable[[str], None] | None = None,
         shared_prefix: bool = True,
-        touchable: Callable[[bytes], bool] | None = None,
+        touchable: Callable[[OffloadKey], bool] | None = None,
     ) -> None:
         self.t = target
         self.rng = rng
@@ -133,17 +138,17 @@ class Driver:
         #: A slot's conversations: a new session id after each declared last turn.
         self.generation = dict.fromkeys(self.contexts, 0)
         self.active: dict[str, _Request] = {}
-        self.pending_loads: list[tuple[Any, list[bytes]]] = []
-        self.pending_stores: list[tuple[Any, list[bytes]]] = []
-        self.held: list[bytes] = []  # keys some store reported (for touch)
+        self.pending_loads: list[tuple[Any, list[OffloadKey]]] = []
+        self.pending_stores: list[tuple[Any, list[OffloadKey]]] = []
+        self.held: list[OffloadKey] = []  # keys some store reported (for touch)
         self.counts: dict[str, int] = {}
 
-    def _fresh_context(self) -> list[bytes]:
+    def _fresh_context(self) -> list[OffloadKey]:
         if self.shared_prefix:
             return list(self.system)
         return [self._new_key() for _ in range(SYSTEM_BLOCKS)]
 
-    def _new_key(self) -> bytes:
+    def _new_key(self) -> OffloadKey:
         self._serial += 1
         return key(self._serial)
 
@@ -274,7 +279,7 @@ class Driver:
                 self.contexts[r.slot] = self._fresh_context()
                 self.generation[r.slot] += 1
 
-    def _complete_store(self, ctx: Any, keys: list[bytes]) -> None:
+    def _complete_store(self, ctx: Any, keys: list[OffloadKey]) -> None:
         ok = self.rng.random() >= self.mix.store_fails
         self._call("complete_store", keys, ctx, ok)
         if ok:

@@ -16,9 +16,12 @@ with the calls that broke the contract, under :func:`engine_adapter.testing.cont
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadKey
 
 from tests.engine.offload_driver import BLOCK, key
 
@@ -44,7 +47,7 @@ def manager_for(kind: str, capacity: int, policy: str = "tenure", threshold: int
     return instrument(cls(num_chunks=capacity, cache_policy=policy, store_threshold=threshold))
 
 
-def request(req_id: str, keys: list[bytes], **tags: Any) -> Any:
+def request(req_id: str, keys: list[OffloadKey], **tags: Any) -> Any:
     from vllm.v1.kv_offload.base import ReqContext
 
     ctx = ReqContext(req_id=req_id, kv_transfer_params={"tenure": tags} if tags else None)
@@ -53,7 +56,7 @@ def request(req_id: str, keys: list[bytes], **tags: Any) -> Any:
     return ctx
 
 
-def turn(manager: Any, ctx: Any, keys: list[bytes]) -> Any:
+def turn(manager: Any, ctx: Any, keys: list[OffloadKey]) -> Any:
     """Store ``keys`` for ``ctx`` (one offer), complete the transfer, finish the request."""
     manager.on_new_request(ctx)
     out = manager.prepare_store(keys, ctx)
@@ -218,7 +221,7 @@ def test_threshold_filtered_offer_leaves_lru_order_as_vllm_has_it() -> None:
     ours = manager_for("tenure", capacity=2, policy="tenure-lru", threshold=2)
     theirs = CPUOffloadingManager(num_chunks=2, cache_policy="lru", store_threshold=2)
     head, tail, newcomer = key(1), key(2), key(3)
-    evicted: list[list[bytes]] = []
+    evicted: list[list[Any]] = []
     for manager in (theirs, ours):
         ctx = request("r1", [head, tail])
         manager.on_new_request(ctx)
@@ -228,7 +231,8 @@ def test_threshold_filtered_offer_leaves_lru_order_as_vllm_has_it() -> None:
         manager.on_request_finished(ctx)  # head most recent, tail least
         n = request("n1", [newcomer])
         manager.on_new_request(n)
-        assert manager.prepare_store([newcomer], n).keys_to_store == []  # filtered
+        first = manager.prepare_store([newcomer], n)  # filtered: nothing stored
+        assert first is not None and first.keys_to_store == []
         out = manager.prepare_store([newcomer], n)  # second offer: stored, evicts one
         assert out is not None and out.keys_to_store == [newcomer]
         evicted.append(list(out.evicted_keys))
