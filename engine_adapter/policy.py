@@ -163,10 +163,14 @@ class TenureCachePolicy(CachePolicy):
         pos = ctx.get_offload_key_position(key) if ctx is not None else None
         if pos is None or pos <= 0:
             return info.next_index
-        if self.block_tokens <= 0:
-            self.block_tokens = pos
-        elif pos % self.block_tokens:
-            self.block_tokens = math.gcd(self.block_tokens, pos)
+        if self.block_tokens <= 0 or pos % self.block_tokens:
+            # Learn the block size (vLLM's stock manager does not say it): the gcd of every
+            # position the request has, not just this key's, so a request whose tail is
+            # offered first does not set it to a multiple of the block.
+            unit = max(self.block_tokens, 0)
+            for p in ctx._offload_key_positions.values() if ctx is not None else (pos,):
+                unit = math.gcd(unit, p)
+            self.block_tokens = math.gcd(unit, pos)
         return pos // self.block_tokens - 1
 
     def _occupant(self, seg: int, index: int) -> OffloadKey | None:
@@ -496,42 +500,46 @@ class TenureCachePolicy(CachePolicy):
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: Any = None) -> None:
         # vLLM 0.32 calls insert(key, chunk); 0.33 adds the request context.
-        stash = self._stash
-        if stash is not None and key not in self._staged:
-            # Stock manager, a store that needed no room (no evict call): decide it now.
-            self._stash = None
-            if key in stash[0] and not self.begin_store(stash[0], stash[1]):
-                self._refused = False  # vLLM stores anyway; the keys go first (below)
-            surplus, self._staged_victims = self._staged_victims, None
-            for victim, cls in surplus or ():
-                self._doom(victim, cls)  # room vLLM did not need: evicted first, later
+        if key not in self._staged and key not in self._loc:
+            self._decide_insert(key, req_context)
         self.chunks[key] = chunk
         if chunk.ref_cnt != 0:
             self._pinned.add(key)
         if key in self._staged:
             self._staged.discard(key)
-            return
-        # Not staged by a gate decision (a policy driven without begin_store): admit it alone
-        # if there is room, so the tier still accounts for every chunk vLLM holds; else it is
-        # the first to go.
-        if key in self._loc:
-            return
-        now = self._clock()
-        ctx = req_context if isinstance(req_context, ReqContext) else None
-        info = self._request(ctx, now)
-        index = self._index(key, ctx, info)
-        loc = (info.seg, index)
-        capacity = self.tier.capacity
-        if self._occupant(*loc) is None and (capacity is None or self.tier.used < capacity):
-            self._place(key, loc)
-            assert info.session is not None
-            if self.tier.store([Run(loc[0], index, index + 1)], info.session, now).admitted:
-                info.next_index = index + 1
-                self.stats["stores"] += 1
-                self.stats["stored_blocks"] += 1
-                return
-            self._unplace(key)
-        self._doomed[key] = EvictionClass.RECENCY
+        elif key not in self._loc:
+            # Refused, or no slot for it: vLLM holds it anyway, so it is the first to go.
+            self._doomed[key] = EvictionClass.RECENCY
+
+    def _decide_insert(self, key: OffloadKey, req_context: Any) -> None:
+        """A key vLLM inserts without a decision: a stock-manager store that needed no room
+        (no evict call), or a policy driven by hand. Decided now, so the tier accounts for
+        every chunk vLLM holds."""
+        stash = self._stash
+        ctx: ReqContext | None
+        if (
+            stash is not None
+            and key in stash[0]
+            and len(stash[0]) <= self.cache_capacity - len(self.chunks)
+        ):
+            # The misses on_store_miss reported for this store. (One that did not fit the free
+            # room needed evict(): if none came, vLLM dropped that store and it is stale.)
+            offer, ctx = stash
+        else:
+            offer = [key]
+            ctx = req_context if isinstance(req_context, ReqContext) else self._ctx_for(key)
+        if not self.begin_store(offer, ctx):
+            self._refused = False  # vLLM stores anyway
+        surplus, self._staged_victims = self._staged_victims, None
+        for victim, cls in surplus or ():
+            self._doom(victim, cls)  # room vLLM did not need: evicted first, later
+
+    def _ctx_for(self, key: OffloadKey) -> ReqContext | None:
+        """The most recent request that reported ``key`` or has its position (stock manager)."""
+        for ctx, seen in reversed(self._misses.values()):
+            if key in seen or key in ctx._offload_key_positions:
+                return ctx
+        return self._last_ctx
 
     def remove(self, key: OffloadKey) -> None:
         self.chunks.pop(key, None)
@@ -616,12 +624,14 @@ class TenureCachePolicy(CachePolicy):
                 narrowed = [k for k in missing if k in entry[1]]
                 if len(narrowed) == want:
                     missing = narrowed
+        # vLLM inserts in offer order: the scheduler offers KV group by group, each in prefix
+        # order; without positions, the order the misses were reported in.
+        order = entry[1] if entry is not None else {}
         positions = ctx._offload_key_positions if ctx is not None else {}
         if missing and all(k in positions for k in missing):
-            missing.sort(key=positions.__getitem__)
-        elif entry is not None:
-            order = entry[1]
-            missing.sort(key=lambda k: order.get(k, len(order)))
+            missing.sort(key=lambda k: (k[-4:], positions[k]))
+        elif missing and all(k in order for k in missing):
+            missing.sort(key=order.__getitem__)
         return missing + held, ctx
 
     def on_request_finished(

@@ -84,7 +84,7 @@ class Lockstep:
 class _Request:
     req_id: str
     ctx: Any
-    keys: list[OffloadKey]
+    blocks: list[int]  # block serials; a block has one key per KV group
     slot: str  # the session slot (its tag, when tagged)
     last: bool
     stage: str = "lookup"  # lookup -> store -> finish
@@ -123,6 +123,7 @@ class Driver:
         after: Callable[[str], None] | None = None,
         shared_prefix: bool = True,
         touchable: Callable[[OffloadKey], bool] | None = None,
+        groups: int = 1,
     ) -> None:
         self.t = target
         self.rng = rng
@@ -133,7 +134,8 @@ class Driver:
         self._requests = 0
         self.shared_prefix = shared_prefix
         self.touchable = touchable
-        self.system = [self._new_key() for _ in range(SYSTEM_BLOCKS)]
+        self.groups = groups
+        self.system = [self._new_block() for _ in range(SYSTEM_BLOCKS)]
         self.contexts = {f"s{i}": self._fresh_context() for i in range(sessions)}
         #: A slot's conversations: a new session id after each declared last turn.
         self.generation = dict.fromkeys(self.contexts, 0)
@@ -143,14 +145,23 @@ class Driver:
         self.held: list[OffloadKey] = []  # keys some store reported (for touch)
         self.counts: dict[str, int] = {}
 
-    def _fresh_context(self) -> list[OffloadKey]:
+    def _fresh_context(self) -> list[int]:
         if self.shared_prefix:
             return list(self.system)
-        return [self._new_key() for _ in range(SYSTEM_BLOCKS)]
+        return [self._new_block() for _ in range(SYSTEM_BLOCKS)]
 
-    def _new_key(self) -> OffloadKey:
+    def _new_block(self) -> int:
         self._serial += 1
-        return key(self._serial)
+        return self._serial
+
+    def keys(self, blocks: list[int]) -> list[OffloadKey]:
+        """The blocks' keys as the scheduler offers them: group by group, in prefix order."""
+        return [key(b, g) for g in range(self.groups) for b in blocks]
+
+    def _position(self, ctx: Any, blocks: list[int], start: int = 0) -> None:
+        for i in range(start, len(blocks)):
+            for g in range(self.groups):
+                self.t.position(ctx, key(blocks[i], g), (i + 1) * BLOCK)
 
     def _call(self, name: str, *args: Any) -> Any:
         self.counts[name] = self.counts.get(name, 0) + 1
@@ -198,15 +209,14 @@ class Driver:
     def _start(self, session: str) -> None:
         rng, mix = self.rng, self.mix
         self._requests += 1
-        context = self.contexts[session]
-        keys = list(context)
-        if len(keys) > SYSTEM_BLOCKS + 1 and rng.random() < mix.edit:
+        blocks = list(self.contexts[session])
+        if len(blocks) > SYSTEM_BLOCKS + 1 and rng.random() < mix.edit:
             # An edited context: the chain diverges from some block on.
-            cut = rng.randrange(SYSTEM_BLOCKS, len(keys))
-            keys = keys[:cut] + [self._new_key() for _ in range(len(keys) - cut)]
-        keys += [self._new_key() for _ in range(rng.randint(1, 4))]
-        keys = keys[: self.max_context]
-        last = rng.random() < mix.last_turn or len(keys) >= self.max_context
+            cut = rng.randrange(SYSTEM_BLOCKS, len(blocks))
+            blocks = blocks[:cut] + [self._new_block() for _ in range(len(blocks) - cut)]
+        blocks += [self._new_block() for _ in range(rng.randint(1, 4))]
+        blocks = blocks[: self.max_context]
+        last = rng.random() < mix.last_turn or len(blocks) >= self.max_context
         tagged = rng.random() >= mix.untagged
         params: dict[str, Any] | None = None
         if tagged:
@@ -219,22 +229,25 @@ class Driver:
             params = {"tenure": tags}
         ctx = self.t.new_ctx(f"r{self._requests}", params)
         self._call("on_new_request", ctx)
-        for i, k in enumerate(keys):  # vLLM hashes the request's blocks after on_new_request
-            self.t.position(ctx, k, (i + 1) * BLOCK)
-        request = _Request(f"r{self._requests}", ctx, keys, session, last, offers=rng.randint(1, 3))
+        self._position(ctx, blocks)  # vLLM hashes the request's blocks after on_new_request
+        request = _Request(
+            f"r{self._requests}", ctx, blocks, session, last, offers=rng.randint(1, 3)
+        )
         self.active[session] = request
-        self.contexts[session] = keys
+        self.contexts[session] = blocks
 
     def _advance(self, r: _Request) -> None:
         rng = self.rng
         if r.stage == "lookup":
             hit = 0
-            for k in r.keys:
-                if self._call("lookup", k, r.ctx).name != "HIT":
+            for b in r.blocks:
+                if any(
+                    self._call("lookup", key(b, g), r.ctx).name != "HIT" for g in range(self.groups)
+                ):
                     break
                 hit += 1
             if hit:
-                loaded = r.keys[:hit]
+                loaded = self.keys(r.blocks[:hit])
                 self._call("prepare_load", loaded, r.ctx)
                 if rng.random() < self.mix.late_transfer:
                     self.pending_loads.append((r.ctx, loaded))
@@ -243,23 +256,21 @@ class Driver:
             r.next_store = hit
             r.stage = "store"
         elif r.stage == "store":
-            remaining = len(r.keys) - r.next_store
+            remaining = len(r.blocks) - r.next_store
             if remaining <= 0 or r.offers <= 0:
                 r.stage = "finish"
                 return
             n = remaining if r.offers == 1 else rng.randint(1, remaining)
-            offer = r.keys[r.next_store : r.next_store + n]
-            if r.next_store and rng.random() < 0.3:
-                offer = r.keys[r.next_store - 1 : r.next_store + n]  # an already-stored key too
+            first = r.next_store - 1 if r.next_store and rng.random() < 0.3 else r.next_store
+            offer = self.keys(r.blocks[first : r.next_store + n])  # maybe a stored block too
             if rng.random() < self.mix.second_edit * self.mix.edit and r.next_store + n < len(
-                r.keys
+                r.blocks
             ):
                 # A second edit inside this request: the rest of its chain changes now.
                 cut = r.next_store + n
-                r.keys[cut:] = [self._new_key() for _ in range(len(r.keys) - cut)]
-                for i in range(cut, len(r.keys)):
-                    self.t.position(r.ctx, r.keys[i], (i + 1) * BLOCK)
-                self.contexts[r.slot] = r.keys
+                r.blocks[cut:] = [self._new_block() for _ in range(len(r.blocks) - cut)]
+                self._position(r.ctx, r.blocks, cut)
+                self.contexts[r.slot] = r.blocks
             out = self._call("prepare_store", offer, r.ctx)
             r.offers -= 1
             if out is not None:

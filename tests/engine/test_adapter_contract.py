@@ -238,3 +238,29 @@ def test_threshold_filtered_offer_leaves_lru_order_as_vllm_has_it() -> None:
         evicted.append(list(out.evicted_keys))
     assert evicted[0] == [tail]
     assert evicted[1] == evicted[0]
+
+
+def test_every_registered_policy_resolves_by_name_and_builds_a_manager() -> None:
+    """The plugin's names resolve through vLLM's own factory to ``CachePolicy`` classes that
+    both managers build, and vLLM's built-in ``lru`` / ``arc`` keep theirs."""
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+    from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    from engine_adapter.manager import TenureOffloadingManager
+    from engine_adapter.plugin import register, registered_policy_names
+    from engine_adapter.policy import TenureCachePolicy
+
+    register()  # idempotent: a second registration changes nothing
+    names = registered_policy_names()
+    assert {"tenure", "tenure-lru", "tenure-arc"} <= set(names)
+    assert "lru" not in names and "arc" not in names
+    assert CachePolicyFactory.get_cache_policy_cls("lru") is LRUCachePolicy
+    for vllm_name, core_name in names.items():
+        cls = CachePolicyFactory.get_cache_policy_cls(vllm_name)
+        assert issubclass(cls, CachePolicy) and issubclass(cls, TenureCachePolicy)
+        assert cls.core_name == core_name
+        for manager_cls in (CPUOffloadingManager, TenureOffloadingManager):
+            manager = manager_cls(num_chunks=4, cache_policy=vllm_name)
+            assert type(manager._policy) is cls

@@ -3,10 +3,10 @@
 vLLM's real ``CPUOffloadingManager`` and Tenure's ``TenureOffloadingManager`` run each registered
 policy under :mod:`tests.engine.offload_driver`'s scheduler traffic (interleaved requests, late
 and failed transfers, shared prefixes, context edits — two in one request too — declared last
-turns, untagged requests, direct touches, ``reset_cache``), with and without vLLM's store
-threshold. :func:`engine_adapter.testing.contract.instrument` checks after every call: capacity,
-reference counts, protected keys never evicted, evict atomic (``None`` = nothing changed), the
-tier's books equal to vLLM's chunk set, one key per slot.
+turns, untagged requests, direct touches, ``reset_cache``, one or two KV groups), with and
+without vLLM's store threshold. :func:`engine_adapter.testing.contract.instrument` checks after
+every call: capacity, reference counts, protected keys never evicted, evict atomic (``None`` =
+nothing changed), the tier's books equal to vLLM's chunk set, one key per slot.
 
 Seeded and bounded in time: ``TENURE_FUZZ_SECONDS`` per policy (default 2, split over the two
 managers and thresholds); a failure names the seed and step to replay.
@@ -73,6 +73,7 @@ def test_contract_holds_under_random_scheduler_traffic(policy: str) -> None:
             sessions=rng.randint(2, 8),
             max_context=rng.choice([12, 40]),
             mix=Mix(reset=rng.choice([0.0, 0.004, 0.02])),
+            groups=rng.choice([1, 1, 2]),
         )
         stop = time.monotonic() + budget
         step = 0

@@ -11,7 +11,7 @@ must store the same keys and evict the same keys in the same order, every ``look
 Scope of "identical block for block" (what this file pins down):
 
 * ``lru``: identical under both managers, with or without the store threshold, with shared
-  prefixes, context edits, untagged requests, resets and direct touches.
+  prefixes, context edits, untagged requests, resets, direct touches and two KV groups.
 * ``arc``: identical under Tenure's manager, with or without the threshold, while each key has
   one position in one session's context (no shared prefix, no edits, tagged sessions) and
   touches name held keys. ARC's ghost lists are per key in vLLM and per block position in the
@@ -80,7 +80,13 @@ def _run(kind: str, policy: str, threshold: int, seed: int, steps: int) -> dict[
             evicted += len(theirs.evicted_keys)
 
     if policy == "lru":
-        driver = Driver(Lockstep(reference, subject, check), rng, mix=Mix(touch=0.1, reset=0.003))
+        # Seed 1 runs a model with two KV groups (each block has a key per group).
+        driver = Driver(
+            Lockstep(reference, subject, check),
+            rng,
+            mix=Mix(touch=0.1, reset=0.003),
+            groups=1 + seed % 2,
+        )
     else:
         # ARC's ghost lists: vLLM's are per key, the core's per block position. They agree
         # while each key has one position in one session's context: no shared prefix, no
