@@ -122,7 +122,7 @@ class TenureCachePolicy(CachePolicy):
         self._stash: tuple[list[OffloadKey], ReqContext] | None = None
         #: Stock manager: recent requests' reported misses (key -> order), to find the request
         #: and the store behind a bare evict() when vLLM did not report (a retried offer).
-        self._misses: OrderedDict[int, tuple[ReqContext, dict[OffloadKey, int]]] = OrderedDict()
+        self._misses: OrderedDict[int, tuple[ReqContext, dict[OffloadKey, None]]] = OrderedDict()
         self._refused = False
         self._offer_blocks = 0
         self._polls = 0
@@ -309,7 +309,7 @@ class TenureCachePolicy(CachePolicy):
         for key in offer:
             if key in chunks or key in staged:
                 loc = loc_map.get(key)
-                if loc is not None:
+                if loc is not None:  # held: protected, not stored again
                     held.append(loc)
                 continue
             pos = positions.get(key)
@@ -375,8 +375,8 @@ class TenureCachePolicy(CachePolicy):
         # Counted when vLLM has inserted them (end_store): it may still drop the store.
         self._offer_blocks = n_new
         staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
-        for (vseg, start, stop), cls in result.victims:
-            staged_victims.extend((k, cls) for k in key_at[vseg][start:stop] if k is not None)
+        for victim in result.victims:
+            staged_victims.extend(_victim_keys(key_at, victim))
         self._staged_victims = staged_victims
         return True
 
@@ -587,29 +587,35 @@ class TenureCachePolicy(CachePolicy):
             return
         self._stash = (keys, req_context)
         self._last_ctx = req_context
-        entry = self._misses.get(id(req_context))
+        misses = self._misses
+        entry = misses.get(id(req_context))
         if entry is None or entry[0] is not req_context:
-            entry = self._misses[id(req_context)] = (req_context, {})
-            if len(self._misses) > _RECENT_REQUESTS:
-                self._misses.popitem(last=False)
-        else:
-            self._misses.move_to_end(id(req_context))
-        missed = entry[1]
-        for k in keys:
-            missed.setdefault(k, len(missed))
+            entry = misses[id(req_context)] = (req_context, {})
+            if len(misses) > _RECENT_REQUESTS:
+                misses.popitem(last=False)
+        elif len(misses) > 1:
+            misses.move_to_end(id(req_context))
+        entry[1].update(dict.fromkeys(keys))  # what vLLM reported, in report order
 
     def _stashed_offer(
         self, n: int, protected: set[OffloadKey]
     ) -> tuple[list[OffloadKey], ReqContext | None]:
         """The whole offer behind ``evict(n, protected)`` under the stock manager, in order,
         and the request making it (``protected`` is the offer; its misses are the store)."""
-        self._stash = None
+        stash, self._stash = self._stash, None
         chunks = self.chunks
         held: list[OffloadKey] = []
         missing: list[OffloadKey] = []
         for key in protected:
             (held if key in chunks else missing).append(key)
-        entry: tuple[ReqContext, dict[OffloadKey, int]] | None = None
+        if (
+            stash is not None
+            and len(stash[0]) == len(missing)
+            and all(k in protected and k not in chunks for k in stash[0])
+        ):
+            # The common case: on_store_miss reported exactly this store's misses, in order.
+            return stash[0] + held, stash[1]
+        entry: tuple[ReqContext, dict[OffloadKey, None]] | None = None
         for candidate in reversed(self._misses.values()):
             seen, where = candidate[1], candidate[0]._offload_key_positions
             if all(k in seen or k in where for k in missing):
@@ -626,11 +632,11 @@ class TenureCachePolicy(CachePolicy):
                     missing = narrowed
         # vLLM inserts in offer order: the scheduler offers KV group by group, each in prefix
         # order; without positions, the order the misses were reported in.
-        order = entry[1] if entry is not None else {}
         positions = ctx._offload_key_positions if ctx is not None else {}
         if missing and all(k in positions for k in missing):
             missing.sort(key=lambda k: (k[-4:], positions[k]))
-        elif missing and all(k in order for k in missing):
+        elif entry is not None and missing and all(k in entry[1] for k in missing):
+            order = {k: i for i, k in enumerate(entry[1])}
             missing.sort(key=order.__getitem__)
         return missing + held, ctx
 
@@ -777,8 +783,8 @@ class TenureCachePolicy(CachePolicy):
             return None
         key_at = self._key_at
         out: list[tuple[OffloadKey, EvictionClass]] = []
-        for (vseg, start, stop), cls in victims:
-            out.extend((k, cls) for k in key_at[vseg][start:stop] if k is not None)
+        for victim in victims:
+            out.extend(_victim_keys(key_at, victim))
         return out
 
     def clear(self) -> None:
@@ -931,14 +937,29 @@ class TenureCachePolicy(CachePolicy):
         self._refresh_timer()
 
 
+def _victim_keys(
+    key_at: list[list[OffloadKey | None]], victim: Victim
+) -> list[tuple[OffloadKey, EvictionClass]]:
+    """The keys of ``victim``'s blocks with its class, in the order the core evicts them."""
+    seg, start, stop = victim.run
+    keys = key_at[seg][start:stop]
+    if victim.descending:
+        keys.reverse()
+    cls = victim.cls
+    return [(k, cls) for k in keys if k is not None]
+
+
 def _merge(locs: Sequence[_Loc]) -> list[Run]:
-    """``(segment, index)`` pairs in order -> maximal runs."""
+    """``(segment, index)`` pairs in order -> maximal runs (a ``Run`` made per run only)."""
     runs: list[Run] = []
-    for seg, index in locs:
-        if runs:
-            last = runs[-1]
-            if last.seg == seg and last.stop == index:
-                runs[-1] = Run(seg, last.start, index + 1)
-                continue
-        runs.append(Run(seg, index, index + 1))
+    seg = start = stop = -1
+    for s, index in locs:
+        if s == seg and index == stop:
+            stop += 1
+            continue
+        if seg >= 0:
+            runs.append(Run(seg, start, stop))
+        seg, start, stop = s, index, index + 1
+    if seg >= 0:
+        runs.append(Run(seg, start, stop))
     return runs

@@ -149,7 +149,7 @@ class LRUPolicy(TierPolicy):
         guard: dict[int, list[tuple[int, int]]] = {}
         for p in protected:
             guard.setdefault(p.seg, []).append((p.start, p.stop))
-        chosen: list[Run] = []  # in eviction (rank) order
+        chosen: list[Victim] = []  # in eviction (rank) order
         need = n
         popped: list[tuple[int, int, _RankRun]] = []
         heap = self._heap
@@ -163,11 +163,9 @@ class LRUPolicy(TierPolicy):
                 take = min(need, hi - lo)
                 # Ranks rise from lo (a store) or from hi - 1 (an access): take the low end.
                 if run.asc:
-                    chosen.append(Run(run.seg, lo, lo + take))
+                    chosen.append(Victim(Run(run.seg, lo, lo + take), EvictionClass.RECENCY))
                 else:
-                    # One victim per block, tail first: victims list in vLLM's eviction
-                    # order (the order its chunks return to the pool).
-                    chosen.extend(Run(run.seg, i, i + 1) for i in range(hi - 1, hi - take - 1, -1))
+                    chosen.append(Victim(Run(run.seg, hi - take, hi), EvictionClass.RECENCY, True))
                 need -= take
                 if need == 0:
                     break
@@ -175,7 +173,7 @@ class LRUPolicy(TierPolicy):
             heapq.heappush(heap, entry)
         if need > 0:
             return None
-        victims = [Victim(run, EvictionClass.RECENCY) for run in chosen]
+        victims = chosen
         for victim in victims:
             self._cut(victim.run.seg, victim.run.start, victim.run.stop)
         self._compact()

@@ -93,8 +93,9 @@ def _live_in_groups(groups: set[int]) -> list[int]:
 @pytest.mark.parametrize(
     ("signame", "when"),
     [
-        # Started in the background by a shell: SIGINT arrives with SIGINT ignored.
-        ("SIGINT", "serving:"),
+        # Started in the background by a shell (SIGINT ignored), stopped while serving
+        # (~40 s here: a whole stack starts).
+        pytest.param("SIGINT", "serving:", marks=pytest.mark.slow),
         # A service manager stopping it while vLLM is still starting.
         ("SIGTERM", "starting vLLM"),
     ],
