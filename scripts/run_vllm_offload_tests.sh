@@ -67,7 +67,7 @@ results="$out/results.jsonl"
 
 run() {  # policy manager
     (cd "$work" && TENURE_VLLM_POLICY=$1 TENURE_VLLM_MANAGER=$2 TENURE_VLLM_RESULTS="$results" \
-        PYTHONPATH="$here" "$py" -m pytest -q -p no:cacheprovider -p vllm_offload_shim \
+        PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider -p vllm_offload_shim \
         -W ignore::DeprecationWarning -W ignore::FutureWarning "${tests[@]}" 2>&1 | tail -n 1)
 }
 
