@@ -57,9 +57,10 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def sidecar(redis_url: str, engine_url: str) -> Iterator[ServerThread]:
-    settings = Settings(
-        redis_url=redis_url, upstream_url=engine_url, admin_token=TOKEN, push_addr=""
-    )
+    values: dict[str, Any] = {
+        "redis_url": redis_url, "upstream_url": engine_url, "admin_token": TOKEN, "push_addr": ""
+    }  # fmt: skip
+    settings = Settings(**values)
     server = ServerThread(create_app(settings)).start()
     try:
         yield server
