@@ -184,6 +184,10 @@ def calibrate(
                 # Part of the context was no longer on host (evicted there too): its TTFT
                 # includes recompute, so it does not measure a host resume.
                 partial += 1
+                say(
+                    f"  repeat {rep + 1}/{plan.repeats}: recompute {seconds * 1e3:.1f} ms, HBM "
+                    f"resume {hit_s * 1e3:.1f} ms, host resume only partial (not used)"
+                )
                 continue
             host.append(host_s)
             extra.append(host_s - hit_s)

@@ -27,7 +27,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from service.policy.host_loss import episode_cost, poisson_arrivals, steady_state_cost
-from service.policy.rate import RateEstimator, rate_estimator, rate_estimator_from_state
+from service.policy.rate import (
+    RateEstimator,
+    rate_estimator,
+    rate_estimator_from_state,
+    rate_lower_bound,
+)
 from service.policy.retention import PriceVector, host_ttl_seconds, lambda_crit
 from service.policy.waits import SuspensionCohort, WaitWindow
 
@@ -314,6 +319,9 @@ class OnlineSettings:
     initial_branch: Branch = "retain"
     #: An SRE-pinned lambda (suspensions/s) instead of the estimate.
     pinned_lambda: float | None = None
+    #: Price with the estimate this many standard errors low (0: the estimate itself): a
+    #: timer too short costs far more than one a little too long.
+    lambda_z: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("period_s",):
@@ -332,6 +340,8 @@ class OnlineSettings:
             raise ValueError("initial_branch must be 'retain' or 'ttl'")
         if self.pinned_lambda is not None:
             _check_lambda(self.pinned_lambda)
+        if not (math.isfinite(self.lambda_z) and self.lambda_z >= 0):
+            raise ValueError(f"lambda_z must be a finite number >= 0, got {self.lambda_z!r}")
         rate_estimator(self.estimator)  # names a bad spec now, not at the first event
 
 
@@ -385,7 +395,7 @@ class OnlineController:
         if self.settings.pinned_lambda is not None:
             return self.settings.pinned_lambda, "pinned"
         assert self.estimator is not None
-        return self.estimator.rate(now), "estimated"
+        return rate_lower_bound(self.estimator, now, self.settings.lambda_z), "estimated"
 
     def host_ttl(self, now: float) -> float | None:
         """The timer for a context suspending at ``now`` (``None``: keep until resume)."""

@@ -43,6 +43,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--estimator", default=None, help="online lambda estimator, e.g. window:900"
     )
+    parser.add_argument(
+        "--lambda-z", default=None,
+        help="price t2 with the lambda estimate this many standard errors low (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--margin", default=None, help="online controller's switching margin (default 0.05)"
+    )
     parser.add_argument("--seed", default="0", help="base seed")
     parser.add_argument("--trace", type=Path, default=None, help="Claude Code trace (human gaps)")
     parser.add_argument("--no-drift", action="store_true", help="skip the non-stationary day")
@@ -61,6 +68,16 @@ def _number(text: str, name: str, *, integer: bool = False) -> float:
         raise UsageError(f"{name} must be a positive number, got {text!r}")
     if integer and value != int(value):
         raise UsageError(f"{name} must be a whole number, got {text!r}")
+    return value
+
+
+def _float_arg(text: str, name: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{name} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{name} must be a non-negative number, got {text!r}")
     return value
 
 
@@ -146,7 +163,15 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--estimator: {exc}") from None
         estimators = [args.estimator, *(e for e in estimators if e != args.estimator)]
-    online = OnlineSettings(estimator=estimators[0])
+    knobs: dict[str, Any] = {"estimator": estimators[0]}
+    if args.lambda_z is not None:
+        knobs["lambda_z"] = _float_arg(args.lambda_z, "--lambda-z")
+    if args.margin is not None:
+        knobs["margin"] = _float_arg(args.margin, "--margin")
+    try:
+        online = OnlineSettings(**knobs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for out in (args.json, args.plot):
         if out is not None and not out.parent.is_dir():
             raise UsageError(f"{out}: the directory {out.parent} does not exist")
@@ -190,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
                 "min_samples": online.min_samples,
                 "evaluator": online.evaluator,
                 "censored": online.censored,
+                "lambda_z": online.lambda_z,
             },
         },
         "cells": cells,

@@ -242,6 +242,7 @@ def _replicate(spec: DriftSpec, rep: int) -> dict[str, Any]:
         variants += [
             (f"{base.estimator} evaluator={other}", replace(base, evaluator=other)),
             (f"{base.estimator} uncensored", replace(base, censored=False)),
+            (f"{base.estimator} lambda_z=0", replace(base, lambda_z=0.0)),
         ]
         variants += [
             (f"{base.estimator} margin={m:g}", replace(base, margin=m))

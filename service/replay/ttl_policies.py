@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from service.policy.rate import RateEstimator
+from service.policy.rate import RateEstimator, rate_lower_bound
 from service.policy.retention_control import (
     OneShotController,
     OnlineController,
@@ -22,13 +22,15 @@ class OneShotPolicy:
 
     controller: OneShotController
     estimator: RateEstimator | None = None
+    #: Price with the estimate this many standard errors low (as the online controller).
+    lambda_z: float = 0.0
     lam_errors: list[tuple[float, float]] = field(default_factory=list)
 
     def on_suspend(self, now: float) -> float | None:
         if self.estimator is None:
             return self.controller.host_ttl()
         self.estimator.observe(now)
-        lam = self.estimator.rate(now)
+        lam = rate_lower_bound(self.estimator, now, self.lambda_z)
         self.lam_errors.append((now, lam))
         return self.controller.host_ttl(lam)
 
@@ -48,8 +50,10 @@ class OnlinePolicy:
         self.controller.observe_suspension(now)
         if self.controller.due(now):
             self.decisions.append(self.controller.decide(now))
-        lam, _ = self.controller.lam(now)
-        self.lam_trace.append((now, lam))
+        estimator = self.controller.estimator
+        assert estimator is not None
+        # The estimate itself (what tracking error is about), not the bound t2 is priced with.
+        self.lam_trace.append((now, estimator.rate(now)))
         return self.controller.host_ttl(now)
 
     def on_resume(self, now: float, wait_s: float) -> None:

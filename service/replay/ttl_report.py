@@ -107,7 +107,8 @@ def plot_ttl(doc: Mapping[str, Any], path: Path) -> None:
             seed = [c["seed"][name] for c in mine if "seed" in c and name in c["seed"]]
             if len(seed) == len(mine):
                 ax.plot(loads, seed, ":", color=color, lw=1)
-        ax.set_title(f"{family} (dotted: seed)", fontsize=9)
+        has_seed = all("seed" in c for c in mine)
+        ax.set_title(f"{family} (dotted: seed)" if has_seed else family, fontsize=9)
         ax.set_xlabel("load (x lambda_crit)")
         ax.set_ylabel("GPU-s per suspended context")
     for j in range(len(families), axes.shape[1]):

@@ -135,7 +135,8 @@ def _cell_replicate(
     ttl_now = oneshot.host_ttl()
     ttls = np.full(len(arrivals), np.inf if ttl_now is None else ttl_now)
     costs["controller"] = replay_timers(arrivals, waits, ttls, model.slots, model.price).mean_cost
-    est_policy = OneShotPolicy(oneshot, rate_estimator(spec.estimator or spec.online.estimator))
+    estimator = rate_estimator(spec.estimator or spec.online.estimator)
+    est_policy = OneShotPolicy(oneshot, estimator, spec.online.lambda_z)
     est = replay_policy(arrivals, waits, est_policy, model.slots, model.price)
     costs["controller_est"] = est.mean_cost
     online_policy = OnlinePolicy(OnlineController(model, spec.online))

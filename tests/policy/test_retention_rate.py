@@ -12,6 +12,7 @@ from service.policy.rate import (
     SlidingWindowRate,
     rate_estimator,
     rate_estimator_from_state,
+    rate_lower_bound,
 )
 from service.policy.retention import LambdaEstimator
 
@@ -118,3 +119,21 @@ def test_legacy_name_and_out_of_order_events() -> None:
 def test_bad_specs_name_the_problem(spec: str, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         rate_estimator(spec)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_lower_bound_sits_about_one_standard_error_below(spec: str) -> None:
+    """Over many independent streams, the z = 1 bound is under the true rate about 84% of
+    the time (a Poisson count's one-sided 1-sigma bound), and never above the estimate."""
+    under = 0
+    trials = 200
+    for seed in range(trials):
+        rng = random.Random(seed)
+        est = rate_estimator(spec)
+        for at in _poisson(0.3, 0.0, 3600.0, rng):
+            est.observe(at)
+        bound = rate_lower_bound(est, 3600.0, 1.0)
+        assert bound <= est.rate(3600.0)
+        under += bound < 0.3
+    assert 0.7 < under / trials < 0.97
+    assert rate_lower_bound(rate_estimator(spec), 0.0, 1.0) == 0.0
