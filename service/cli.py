@@ -27,6 +27,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.stack_cli",
         "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it",
     ),
+    "calibrate": (
+        "service.calibrate.cli",
+        "measure the retention price vector on a live vLLM engine",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
