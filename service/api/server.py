@@ -12,12 +12,12 @@ number of open connections under a cap:
   431 and the connection closed;
 * once the head is in, the body must be complete within ``body_timeout_s``;
 * at ``max_connections`` the connection that waited longest without a request in progress
-  (idle, or a head still incomplete) is closed to make room; only when every connection is
-  busy with a request is the new one refused. So idle or half-open connections can never lock
-  out a request.
+  (idle, or a head still incomplete) is closed to make room, else the one whose body stalled
+  longest; only when every connection carries a whole request in progress is the new one
+  refused. So idle or half-sent connections can never lock out a request.
 
 Deadlines are checked by one sweep a second over the connections, not by a timer per request:
-the per-request cost is two attribute writes.
+the per-request cost is a few attribute writes and clock reads.
 """
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ class _Guard:
     timed_out: int = 0
 
     def admit(self, conn: GuardedHttpTools) -> bool:
-        """Room for ``conn``: closes the longest-waiting connection without a request when
-        full; False if every connection is busy (then ``conn`` is refused)."""
+        """Room for ``conn``: when full, closes the connection that waited longest without a
+        request (idle or an incomplete head), else the request body stalled longest; False
+        if every connection has a whole request in progress (then ``conn`` is refused)."""
         if len(self.open) >= self.limits.max_connections:
             victim = next((c for c in self.open if c.phase in (_WAITING, _HEAD)), None)
+            if victim is None:
+                uploading = [c for c in self.open if c.phase == _BODY]
+                victim = min(uploading, key=_last_byte, default=None)
             if victim is None:
                 self.refused += 1
                 return False
@@ -88,6 +92,10 @@ class _Guard:
         self.sweeping = loop.call_later(_SWEEP_S, self.sweep, loop) if self.open else None
 
 
+def _last_byte(conn: GuardedHttpTools) -> float:
+    return conn.last_byte
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol with the connection guard of this module.
 
@@ -99,7 +107,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.phase = _HEAD  # the first request's head is due from now
-        self.phase_since = self.loop.time()
+        self.phase_since = self.last_byte = self.loop.time()
         self.head_bytes = 0
         super().connection_made(transport)
         guard = self.guard
@@ -119,8 +127,9 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        self.last_byte = now = self.loop.time()
         if self.phase == _WAITING:
-            self.phase, self.phase_since, self.head_bytes = _HEAD, self.loop.time(), 0
+            self.phase, self.phase_since, self.head_bytes = _HEAD, now, 0
         super().data_received(data)
 
     def on_url(self, url: bytes) -> None:
@@ -208,5 +217,3 @@ def uvicorn_config(app: Any, settings: Any, **overrides: Any) -> Any:
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
-
-

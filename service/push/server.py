@@ -47,6 +47,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils import z85
 
 from service.metrics import Metrics
 from service.push.messages import (
@@ -104,15 +105,16 @@ class PushSecurity:
 class _NamedKeys(AsyncioAuthenticator):
     """ZAP: CURVE clients must hold one of the configured keys; their User-Id is its name."""
 
-    def __init__(self, context: zmq.asyncio.Context, names: Mapping[bytes, str]) -> None:
+    def __init__(self, context: zmq.asyncio.Context, names: Mapping[str, str]) -> None:
         super().__init__(context=context)
-        self._names = dict(names)
+        #: Z85 public key (bytes, as the ZAP handler passes it) -> adapter name.
+        self._names = {key.encode(): name for key, name in names.items()}
 
     def callback(self, domain: str, key: bytes) -> bool:
         return key in self._names
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        return self._names.get(client_public_key, "unknown")
+        return self._names.get(z85.encode(client_public_key), "unknown")
 
 
 @dataclass(slots=True)
@@ -199,10 +201,7 @@ class PushServer:
         if secret is None:
             return
         if self.security.client_keys:
-            names = {
-                zmq.utils.z85.decode(key.encode()): name
-                for name, key in self.security.client_keys.items()
-            }
+            names = {key: name for name, key in self.security.client_keys.items()}
             self._auth = _NamedKeys(self._ctx, names)
             self._auth.start()
             self._auth.configure_curve_callback("*", credentials_provider=self._auth)
@@ -309,22 +308,25 @@ class PushServer:
                 self.metrics.push_bad_frames.inc()
                 continue
             try:
-                await self._handle(identity, message, self._label(frame, message))
+                await self._handle(identity, message, self._authenticated(frame))
             except Exception:  # one bad peer must not stop the channel
                 log.exception("push message handling failed")
 
-    def _label(self, frame: Any, message: Message) -> str:
-        """The adapter's name in metrics: the name its CURVE key was given (authenticated),
-        else its own id within a bounded budget of names."""
-        if self._auth is not None:
-            with contextlib.suppress(zmq.ZMQError, KeyError):
-                return str(frame.get("User-Id"))
-        adapter_id = getattr(message, "adapter_id", "")
-        return self.metrics.adapter_label(adapter_id if isinstance(adapter_id, str) else "")
+    def _authenticated(self, frame: Any) -> str | None:
+        """The name the sender's CURVE key was given (ZAP), or None without an allow-list."""
+        if self._auth is None:
+            return None
+        with contextlib.suppress(zmq.ZMQError, KeyError):
+            return str(frame.get("User-Id"))
+        return None
 
-    async def _handle(self, identity: bytes, message: Message, label: str = "") -> None:
+    async def _handle(self, identity: bytes, message: Message, name: str | None = None) -> None:
+        """One inbound message; ``name`` is the sender's authenticated name, if any. Without
+        one, a peer is labelled by the id it sent first (through the metrics' bounded label
+        budget), and a later message claiming another id changes nothing."""
         now = self.clock()
-        label = label or self.metrics.adapter_label(getattr(message, "adapter_id", ""))
+        claimed = getattr(message, "adapter_id", "")
+        label = name or (claimed if isinstance(claimed, str) else "")
         if isinstance(message, Hello):
             self.metrics.push_messages.labels("in", "hello").inc()
             peer = self._touch(identity, label, now)
@@ -367,7 +369,8 @@ class PushServer:
             if len(self._peers) >= self.security.max_adapters:
                 self.metrics.push_refused_peers.inc()
                 return None
-            peer = self._peers[identity] = _Peer(identity, label, now, tokens_at=now)
+            adapter = label if self._auth is not None else self.metrics.adapter_label(label)
+            peer = self._peers[identity] = _Peer(identity, adapter, now, tokens_at=now)
             self.metrics.push_adapters.set(len(self._peers))
         peer.last_heard = now
         return peer
