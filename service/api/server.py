@@ -130,28 +130,30 @@ class GuardedHttpTools(HttpToolsProtocol):
         self.last_byte = now = self.loop.time()
         if self.phase == _WAITING:
             self.phase, self.phase_since, self.head_bytes = _HEAD, now, 0
+        if self.phase == _HEAD:
+            self.head_bytes += len(data)
         super().data_received(data)
+        # Still no whole head: everything counted is head (a completed head resets the count,
+        # so body bytes that came with it never count).
+        if self.phase == _HEAD and self.head_bytes > self.guard.limits.max_header_bytes:
+            self._refuse_head()
 
-    def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def _count_head(self, size: int) -> None:
-        self.head_bytes += size
-        if self.head_bytes > self.guard.limits.max_header_bytes:
-            # Answer and close now; raising stops the parser (uvicorn then only logs).
-            self.transport.write(
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
-                b"connection: close\r\n\r\n"
-            )
-            self.drop()
-            raise httptools.HttpParserError("request head too large")
+    def _refuse_head(self) -> None:
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+            b"connection: close\r\n\r\n"
+        )
+        self.drop()
 
     def on_headers_complete(self) -> None:
+        limit = self.guard.limits.max_header_bytes
+        if self.head_bytes > limit:
+            # A big read that holds the whole head (and maybe body): measure the head itself.
+            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+            if size > limit:
+                self._refuse_head()
+                # Stops the parser before the request starts (uvicorn only logs it).
+                raise httptools.HttpParserError("request head too large")
         self.phase, self.phase_since, self.head_bytes = _BODY, self.loop.time(), 0
         super().on_headers_complete()
 

@@ -37,6 +37,11 @@ def _settled(http: httpx.Client, session: str, state: str = "idle") -> dict[str,
     return wait_for(lambda: (r := _record(http, session))["state"] == state and r)
 
 
+def _ended(http: httpx.Client, session: str) -> dict[str, Any]:
+    """The record once the turn in flight is over (taken back, or ended)."""
+    return wait_for(lambda: (r := _record(http, session)).get("state") != "active" and r)
+
+
 def _decisions(http: httpx.Client, session: str) -> list[dict[str, Any]]:
     found = http.get("/admin/decisions", headers=ADMIN).json()["decisions"]
     return [d for d in found if d["session_id"] == f"default/{session}"]
@@ -77,11 +82,11 @@ def test_a_refused_request_is_not_a_turn(upstream, sidecar_factory, early_forwar
         assert reply.status_code in (400, 404)
         # Forwarded as turn 3 (early: the forecast; exact: Redis's count)...
         assert fake.received[-1].body["kv_transfer_params"]["tenure"]["turn"] == 3
-        wait_for(lambda: _failed_turns(http) == 1.0)
-        after = _settled(http, "s")
+        after = _ended(http, "s")
         # ...and taken back: the record is as it was.
         for field in ("turn", "state", "last_activity", "expected_gap_s", "wakeup_at"):
             assert after[field] == before[field], field
+        assert _failed_turns(http) == 1.0
         # The retry is turn 3, and the forecast agrees with Redis (no wrong turn).
         assert http.post(CHAT, json=_chat(), headers=headers).status_code == 200
         assert fake.received[-1].body["kv_transfer_params"]["tenure"]["turn"] == 3
@@ -98,9 +103,9 @@ def test_a_failed_last_turn_never_finishes_the_session(upstream, pushed):
         assert [peer.receive(Decision).state for _ in range(2)] == ["active", "idle"]
         for model in ("missing", "error"):
             assert http.post(CHAT, json=_chat(model), headers=last).status_code >= 400
+            record = _ended(http, "fin")
+            assert (record["state"], record["turn"], record["last_turn"]) == ("idle", 1, False)
         wait_for(lambda: _failed_turns(http) == 2.0)
-        record = _settled(http, "fin")
-        assert record["turn"] == 1 and record["last_turn"] is False
         assert [d["state"] for d in _decisions(http, "fin")] == ["idle", "active"]
         # Nothing went to the engine: no "finished", and no early "last turn" either.
         with pytest.raises(AssertionError):
@@ -117,17 +122,18 @@ def test_an_unreachable_engine_or_a_client_gone_is_not_a_turn(sidecar_factory, u
     headers = {"X-Tenure-Session": "u", "X-Tenure-Last-Turn": "1"}
     with httpx.Client(base_url=dead.url) as http:
         assert http.post(CHAT, json=_chat(), headers=headers).status_code == 502
-        wait_for(lambda: _failed_turns(http) == 1.0)
-        record = _record(http, "u")
+        record = _ended(http, "u")
         assert (record["state"], record["turn"], record["last_turn"]) == ("idle", 0, False)
+        assert _failed_turns(http) == 1.0
     live = sidecar_factory()
     gone = {**headers, "X-Tenure-Session": "gone"}
     with httpx.Client(base_url=live.url, timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
         http.post(CHAT, json=_chat("hang"), headers=gone)
     with httpx.Client(base_url=live.url) as http:
-        wait_for(lambda: _failed_turns(http) == 1.0)
-        assert _record(http, "gone")["state"] == "idle"
+        record = _ended(http, "gone")
+        assert (record["state"], record["turn"], record["last_turn"]) == ("idle", 0, False)
         assert _decisions(http, "gone")[0]["state"] != "finished"
+        assert _failed_turns(http) == 1.0
 
 
 def test_a_cut_stream_counts_but_never_finishes(upstream, client):
@@ -135,8 +141,8 @@ def test_a_cut_stream_counts_but_never_finishes(upstream, client):
     with client.stream("POST", CHAT, json=_chat("die", stream=True), headers=headers) as reply:
         assert reply.status_code == 200
         b"".join(reply.iter_raw())
-    record = _settled(client, "cut")
-    assert record["turn"] == 1  # the engine took the request
+    record = _ended(client, "cut")
+    assert (record["state"], record["turn"]) == ("idle", 1)  # the engine took the request
     assert _decisions(client, "cut")[0]["state"] == "idle"
 
 
@@ -152,14 +158,16 @@ def test_a_failed_turn_of_a_suspended_session_leaves_it_suspended(upstream, push
         ttl = db.ttl("tenure:s:default:sus")
         assert [peer.receive(Decision).state for _ in range(3)] == ["active", "idle", "suspended"]
         assert http.post(CHAT, json=_chat("missing"), headers=headers).status_code == 404
+        record = _ended(http, "sus")
+        for field in (
+            "state", "turn", "suspended_at", "wakeup_at", "host_ttl_s", "expected_wait_s"
+        ):  # fmt: skip
+            assert record[field] == suspended[field], field
         # Leaving suspension was pushed at once ("active"); taking the turn back pushes the
         # suspension again, so the engine keeps the host copy's TTL timer.
         assert peer.receive(Decision).state == "active"
         again = peer.receive(Decision)
         assert (again.state, again.wakeup_at) == ("suspended", suspended["wakeup_at"])
-        record = _settled(http, "sus", "suspended")
-        for field in ("turn", "suspended_at", "wakeup_at", "host_ttl_s", "expected_wait_s"):
-            assert record[field] == suspended[field], field
         assert db.llen("tenure:waits") == waits  # the wait sample of the failed turn is gone
         assert abs(db.ttl("tenure:s:default:sus") - ttl) <= 2
         # Resuming for real still works and counts its wait once.

@@ -164,6 +164,7 @@ def test_an_impostor_sidecar_cannot_push_to_a_curve_adapter():
 
 def test_ipc_socket_is_private_to_the_sidecars_user(sidecar_factory, tmp_path):
     path = tmp_path / "push" / "tenure.sock"
+    path.parent.mkdir()
     server = sidecar_factory(push_addr=f"ipc://{path}")
     mode = stat.S_IMODE(os.stat(path).st_mode)
     assert mode == 0o600
