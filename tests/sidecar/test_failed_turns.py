@@ -39,7 +39,12 @@ def _settled(http: httpx.Client, session: str, state: str = "idle") -> dict[str,
 
 def _ended(http: httpx.Client, session: str) -> dict[str, Any]:
     """The record once the turn in flight is over (taken back, or ended)."""
-    return wait_for(lambda: (r := _record(http, session)).get("state") != "active" and r)
+
+    def over() -> dict[str, Any]:
+        record = _record(http, session)
+        return record if record.get("state") != "active" else {}
+
+    return wait_for(over)
 
 
 def _decisions(http: httpx.Client, session: str) -> list[dict[str, Any]]:
