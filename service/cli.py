@@ -106,6 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tenure: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        print(
+            f"tenure: error: this command needs {top}, which this install does not have: "
+            f"pip install 'tenure[{_EXTRAS[top]}]'",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("tenure: interrupted", file=sys.stderr)
         return 130

@@ -76,6 +76,13 @@ def test_a_fresh_no_extras_install_serves(tmp_path: Path, redis_server: RedisPro
     names = {line.split("==")[0].replace("_", "-") for line in listed.splitlines()}
     assert not names & set(NOT_IN_THE_SIDECAR), names & set(NOT_IN_THE_SIDECAR)
     assert "httptools" in names
+    # A command of another part says which extra it needs, in one line.
+    sdk = subprocess.run(
+        [str(venv / "bin" / "tenure"), "bench", "sdk", "--help"], capture_output=True,
+        text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert sdk.returncode == 2 and "pip install 'tenure[clients]'" in sdk.stderr, sdk.stderr
+    assert "Traceback" not in sdk.stderr
 
     fake = FakeUpstream()
     engine = ServerThread(fake).start()
