@@ -111,6 +111,7 @@ def test_lifecycle_and_admin_routes_never_5xx(fuzzed: ServerThread, upstream) ->
             except Unsatisfiable:
                 # No invalid input exists for this operation (e.g. no parameters at all).
                 assert mode == schemathesis.GenerationMode.NEGATIVE
+    print(f"schemathesis: {examples} examples over {len(operations)} operations")
     assert failures == [], f"{len(failures)} of {examples}:\n" + "\n".join(failures[:20])
     assert examples >= MIN_EXAMPLES, examples
     # The proxied routes were really exercised through the fake engine.
