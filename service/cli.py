@@ -27,6 +27,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.stack_cli",
         "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it",
     ),
+    "train-ranker": (
+        "service.replay.ranker_cli",
+        "train the worker-lifetime ranker on a trace's sub-agent spawns",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),

@@ -1,5 +1,7 @@
 """``tenure replay ladder`` and ``tenure replay sweep``: the policy ladder on a trace.
 
+``tenure replay placement`` (SSD-tier placement) lives in :mod:`service.replay.placement_cli`.
+
 Bad input (a malformed or truncated trace, an unknown policy or hardware name, a negative rate
 or capacity) raises :class:`~service.cli.UsageError`: one line, exit code 2, no traceback.
 """
@@ -77,6 +79,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--param", required=True, choices=("arrival-rate", "host-gib"))
     sweep.add_argument("--values", required=True, help="comma-separated values")
     sweep.set_defaults(func=_sweep)
+    from service.replay.placement_cli import add_placement_command
+
+    add_placement_command(subs)
 
     def _no_command(args: argparse.Namespace) -> int:
         parser.print_help()
