@@ -25,7 +25,7 @@ ending while its workers are live, a duplicate segment id. Pure: no I/O, no cloc
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -126,10 +126,17 @@ def segment_key(session: str, segment_id: str) -> str:
 
 
 class SegmentTable:
-    """Live segments of every session, opened and closed at harness boundaries."""
+    """Live segments of every session, opened and closed at harness boundaries.
 
-    def __init__(self) -> None:
+    Sessions dropped by :meth:`forget_ended` leave a tombstone (the most recent
+    ``tombstones`` ids), so a late request of a forgotten worker is still refused as a second
+    return rather than taken for a new spawn.
+    """
+
+    def __init__(self, tombstones: int = 65536) -> None:
         self._sessions: dict[str, _Session] = {}
+        self._tombstones: OrderedDict[str, SessionRole] = OrderedDict()
+        self._max_tombstones = tombstones
         self._segments: dict[str, Segment] = {}
         self._closed: dict[str, Segment] = {}  # closed but still holding blocks
 
@@ -141,7 +148,10 @@ class SegmentTable:
         if known is not None:
             if known.role is SessionRole.LEAD and not known.ended:
                 return
+            if known.ended:
+                raise BoundaryOrderError(f"session {session!r} has already ended")
             raise SegmentError(f"session {session!r} already exists as a {known.role.value}")
+        self._check_tombstone(session)
         self._sessions[session] = _Session(SessionRole.LEAD, None)
 
     def spawn(
@@ -159,6 +169,7 @@ class SegmentTable:
             raise UnknownParentError(f"spawn of {session!r} under unknown parent {parent!r}")
         if session in self._sessions:
             raise DuplicateSegmentError(f"session {session!r} was already spawned")
+        self._check_tombstone(session)
         if predicted_lifetime_s is not None and not predicted_lifetime_s >= 0:
             raise SegmentError("predicted_lifetime_s must be a non-negative number")
         self._sessions[session] = _Session(role, parent)
@@ -169,7 +180,7 @@ class SegmentTable:
 
     def role(self, session: str) -> SessionRole | None:
         s = self._sessions.get(session)
-        return None if s is None else s.role
+        return s.role if s is not None else self._tombstones.get(session)
 
     def parent(self, session: str) -> str | None:
         s = self._sessions.get(session)
@@ -261,6 +272,8 @@ class SegmentTable:
         """A worker (or reviewer) returned to its parent: every segment it holds closes."""
         s = self._sessions.get(session)
         if s is None:
+            if session in self._tombstones:
+                raise WorkerReturnedError(f"worker {session!r} returned twice")
             raise WorkerReturnedError(f"return of {session!r}, which was never spawned")
         if s.role is SessionRole.LEAD:
             raise BoundaryOrderError(f"{session!r} is a lead session; it ends, it does not return")
@@ -299,7 +312,10 @@ class SegmentTable:
         ]
         for k in gone:
             parent = self._sessions[k].parent
-            del self._sessions[k]
+            self._tombstones[k] = self._sessions.pop(k).role
+            self._tombstones.move_to_end(k)
+            while len(self._tombstones) > self._max_tombstones:
+                self._tombstones.popitem(last=False)
             if parent is not None and parent in self._sessions:
                 self._sessions[parent].children.discard(k)
         return len(gone)
@@ -341,9 +357,18 @@ class SegmentTable:
 
     # --- internals ----------------------------------------------------------------------
 
+    def _check_tombstone(self, session: str) -> None:
+        role = self._tombstones.get(session)
+        if role is SessionRole.LEAD:
+            raise BoundaryOrderError(f"session {session!r} has already ended")
+        if role is not None:
+            raise WorkerReturnedError(f"worker {session!r} already returned")
+
     def _live(self, session: str) -> _Session:
         s = self._sessions.get(session)
         if s is None:
+            if session in self._tombstones:
+                raise BoundaryOrderError(f"session {session!r} has already ended")
             raise UnknownParentError(f"unknown session {session!r}")
         if s.ended:
             raise BoundaryOrderError(f"session {session!r} has already ended")
