@@ -67,6 +67,14 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
     return concordance / math.sqrt(nx * ny)
 
 
+def within_session_pairs(sessions: Sequence[str], predicted: Sequence[float]) -> int:
+    """Same-session pairs the predictions order (not tied): what the within-session tau uses."""
+    groups: dict[str, list[float]] = {}
+    for s, p in zip(sessions, predicted, strict=True):
+        groups.setdefault(s, []).append(p)
+    return sum(1 for vs in groups.values() for i, a in enumerate(vs) for b in vs[i + 1 :] if a != b)
+
+
 def within_session_tau(
     sessions: Sequence[str], predicted: Sequence[float], actual: Sequence[float]
 ) -> float:
@@ -233,6 +241,7 @@ def cross_validate(data: Sequence[LabeledSpawn], k: int = 5) -> dict[str, Any]:
         out["rankers"][name] = {
             "kendall_tau": kendall_tau(preds, actual),
             "kendall_tau_within_session": within_session_tau(sessions, preds, actual),
+            "within_session_pairs_ordered": within_session_pairs(sessions, preds),
             "kendall_tau_fold_mean": sum(finite) / len(finite) if finite else math.nan,
             "kendall_tau_folds": per_fold,
         }

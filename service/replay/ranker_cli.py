@@ -38,14 +38,20 @@ def evaluation_table(cv: dict[str, Any]) -> str:
     lines = [
         f"worker ranker: {cv['workers']} sub-agents in {cv['sessions']} sessions, "
         f"session-grouped {cv['folds']}-fold cross-validation (seed reports tau = {SEED_TAU})",
-        f"{'ranker':<16} {'tau (pooled)':>13} {'tau (within session)':>21} {'tau (fold mean)':>16}",
+        f"{'ranker':<16} {'tau (pooled)':>13} {'tau (within session)':>21} {'pairs':>6} "
+        f"{'tau (fold mean)':>16}",
     ]
     for name, r in cv["rankers"].items():
         lines.append(
             f"{name:<16} {_fmt(r['kendall_tau']):>13} {_fmt(r['kendall_tau_within_session']):>21}"
-            f" {_fmt(r['kendall_tau_fold_mean']):>16}"
+            f" {r['within_session_pairs_ordered']:>6} {_fmt(r['kendall_tau_fold_mean']):>16}"
         )
     lines.append(f"ridge penalties chosen per fold: {cv['ridge_alphas']}")
+    lines.append(
+        "pooled: all out-of-fold predictions against all lifetimes; within session: only pairs "
+        "of the same session (what the predictive path ranks), 'pairs' = pairs the ranker does "
+        "not tie; fold mean: mean of per-fold taus"
+    )
     return "\n".join(lines)
 
 

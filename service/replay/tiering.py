@@ -533,18 +533,16 @@ class LowerTier:
         for row in closed:
             self._free_reasoning(row.key)
         self.ended.add(session)
-        for seg in self.used_by.pop(session, set()):
+        used = self.used_by.pop(session, set())
+        for seg in used:
             users = self.users.get(seg)
             if users is not None:
                 users.discard(session)
-        # Free what only ended sessions used: this session's own segments and the shared
-        # segments of ended owners it was the last user of.
-        for seg in list(self.users):
-            if not self.users[seg] and self.seg_session[seg] in self.ended:
-                del self.users[seg]
-                self._free_segment(seg)
-        for seg in self._owned(session):
-            if seg not in self.users:
+        # Free what only ended sessions use: this session's own segments and the shared
+        # segments of ended owners it was the last user of (a live user frees them later).
+        for seg in used | set(self._owned(session)):
+            if self.seg_session[seg] in self.ended and not self.users.get(seg):
+                self.users.pop(seg, None)
                 self._free_segment(seg)
         if sess.parent is not None:
             self.open_children[sess.parent] -= 1
