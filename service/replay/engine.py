@@ -46,6 +46,10 @@ a rewritten last block), that dead tail is dropped from the host tier at once
 
 Sessions whose largest call cannot fit the GPU KV pool are skipped whole (and counted): vLLM
 would reject such a prompt.
+
+With ``ReplayConfig.tiering`` an SSD tier sits below the host tier, governed by a placement
+policy: :mod:`service.replay.tiering` creates the host tier and is called at the lookup, load,
+store, arrival and completion hooks marked ``self.lower`` (nothing changes without it).
 """
 
 from __future__ import annotations
