@@ -353,15 +353,21 @@ class LowerTier:
             s = self.ssd.lookup(tail)
             if not s:
                 break
+            # vLLM allocates a primary slot per promoted chunk: a prefix longer than DRAM can
+            # hold (beside this request's DRAM hits) is promoted as far as it fits.
+            s = min(s, max(0, self.dram_capacity - dram_hit - ssd_hit))
             promoted = slice_runs(tail, 0, s)
-            res = self.dram.store(promoted, session, now)
-            if not res.admitted:
+            res = self.dram.store(promoted, session, now) if s else None
+            if res is None or not res.admitted:
                 self.counters["promotions_refused"] += 1
                 break
             self.ssd.access(promoted, now, session=session)
             self.counters["promoted_blocks"] += s
             ssd_hit += s
             pos += s
+            if dram_hit + ssd_hit >= self.dram_capacity:
+                self.counters["promotions_capped"] += 1
+                break
         return dram_hit, ssd_hit
 
     def load_done(self, now: float, dram_blocks: int, ssd_blocks: int) -> float:
