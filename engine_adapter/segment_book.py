@@ -48,6 +48,7 @@ class _Req:
     tags: SegmentTags
     rows: dict[str, str] = field(default_factory=dict)  # segment id -> table row key
     last_turn: bool = False
+    blocks: int = 0  # the furthest block of its sequence seen offered or touched
 
 
 class SegmentBook:
@@ -71,6 +72,7 @@ class SegmentBook:
         self._returned_sizes: list[int] = []
         self._spawn_order = 0
         self._order: dict[str, int] = {}
+        self._context_blocks: dict[str, int] = {}  # session -> blocks of its latest request
         self.errors: Counter[str] = Counter()
 
     # --- requests ---------------------------------------------------------------------------
@@ -120,9 +122,13 @@ class SegmentBook:
     def finish(self, req_id: str) -> list[Hashable]:
         """The request ended (no more stores for it): a declared last turn ends its session."""
         req = self._reqs.pop(req_id, None)
-        if req is None or req.session is None or not req.last_turn:
+        if req is None or req.session is None:
             return []
         sid = req.session
+        if not req.last_turn:
+            self._context_blocks[sid] = req.blocks
+            return []
+        self._context_blocks.pop(sid, None)
         try:
             if self.table.role(sid) is SessionRole.LEAD:
                 closed = self.table.end_session(sid)
@@ -150,6 +156,7 @@ class SegmentBook:
 
     def admit(self, req_id: str, key: Hashable, lo: int | None, hi: int | None) -> bool:
         """Should this block be written to the SSD tier? Records the file's segment if so."""
+        self._seen(req_id, hi)
         label, row = self.classify(req_id, lo, hi)
         if label == UNTAGGED:
             return True  # vLLM's own behaviour: every block cascades
@@ -168,6 +175,7 @@ class SegmentBook:
 
     def touch(self, req_id: str, key: Hashable, lo: int | None, hi: int | None) -> None:
         """A request used ``key`` (a prefix hit): its segment keeps the file alive too."""
+        self._seen(req_id, hi)
         if key not in self._refs:
             return
         _label, row = self.classify(req_id, lo, hi)
@@ -192,6 +200,11 @@ class SegmentBook:
         return key in self._refs
 
     # --- internals ------------------------------------------------------------------------
+
+    def _seen(self, req_id: str, hi: int | None) -> None:
+        req = self._reqs.get(req_id)
+        if req is not None and hi is not None:
+            req.blocks = max(req.blocks, -(-hi // self.block_tokens))
 
     def _error(self, kind: str, message: str) -> None:
         self.errors[kind] += 1
@@ -241,7 +254,15 @@ class SegmentBook:
             for seg in self.table.workers()
             if seg.key == segment_key(seg.session, "context")
         ]
-        self._fast_sessions = fast_workers(slots, self.fast_budget_blocks - pinned)
+        # The primary tier stages every SSD read: keep room for the largest context of a live
+        # session (its latest request, finished or running).
+        live = set(self.table.live_sessions())
+        staging = max(
+            [n for sid, n in self._context_blocks.items() if sid in live]
+            + [r.blocks for r in self._reqs.values()],
+            default=0,
+        )
+        self._fast_sessions = fast_workers(slots, self.fast_budget_blocks - pinned - staging)
 
     def _retire_worker(self, sid: str) -> None:
         if sid in self._order:

@@ -18,7 +18,9 @@ has been used that many times).
 
 The predictive path (:func:`fast_workers`) ranks live workers by predicted lifetime and keeps
 the first ``k`` (shortest-lived first) off the SSD tier, ``k`` being as many as fit in the
-DRAM left free by everything else that must stay in the fast tiers.
+DRAM left free by everything else that must stay in the fast tiers and by the room DRAM needs
+to stage the largest live context (vLLM's primary tier is the gateway for every SSD read: a
+DRAM full of pinned workers cannot promote a lead's prefix, which then misses).
 
 Policies are registered by name (lazy import, one small module each); the replay and the
 engine adapter create them through :func:`create_placement`.

@@ -513,8 +513,9 @@ class LowerTier:
             return
         pinned = self.resident["dram"][SegmentClass.REASONING]
         pinned += self.resident["dram"][SegmentClass.REVIEWER]
-        free = self.dram_capacity - pinned
-        fast = choose_fast(self.slots.values(), free)
+        # DRAM is the gateway for SSD reads: leave room to stage the largest live context.
+        staging = max(self.sim.live_blocks.values(), default=0)
+        fast = choose_fast(self.slots.values(), self.dram_capacity - pinned - staging)
         if fast != self.fast:
             self.counters["rerankings"] += 1
         self.fast = fast

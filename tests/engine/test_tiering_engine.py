@@ -146,7 +146,8 @@ def test_reasoning_never_hits_the_ssd_and_a_worker_is_deleted_at_its_return(
     lead_files = on_disk(fs_root)[1]
     assert len(lead_files) == 3
 
-    # Two workers with the same expected size: the predictive path keeps the shorter one in
+    # Two workers with the same expected size (2 blocks): of the 6-block DRAM tier, 3 stay free
+    # to stage the lead's 3-block context, so the predictive path keeps only the shorter one in
     # the fast tier (no files) and lets the longer one reach the SSD tier.
     short_w, long_w = tokens(rng, 3 * BLOCK), tokens(rng, 3 * BLOCK)
 
@@ -157,7 +158,7 @@ def test_reasoning_never_hits_the_ssd_and_a_worker_is_deleted_at_its_return(
             "role": "worker",
             "parent_session": "L",
             "predicted_lifetime_s": life,
-            "expected_tokens": 4 * BLOCK,
+            "expected_tokens": 2 * BLOCK,
             "segments": [{"id": "ctx", "class": "worker", "start": 0}],
             **more,
         }
