@@ -26,6 +26,9 @@ Configure it as a secondary tier (the plugin registers the type, no ``module_pat
                          "placement": "lachesis-wt",
                          "ssd_capacity_bytes": 3.84e12, "ssd_dwpd": 1, "ssd_warranty_years": 5}]
 
+``ssd_capacity_bytes`` feeds the projection and the capacity gauge; it is not a limit (the
+``fs`` tier has no eviction: deleting closed segments is what bounds its size here).
+
 Only placements that never cascade on eviction are accepted (vLLM 0.32 tells a secondary tier
 nothing about primary evictions): ``write-through`` (vLLM's own behaviour, with accounting) and
 ``lachesis-wt`` (the default).
@@ -106,8 +109,8 @@ class TenureFsTier(FileSystemTierManager):
         primary_kv_view: memoryview,
         tier_type: str,
         root_dir: str,
-        n_read_threads: int = 4,
-        n_write_threads: int = 4,
+        n_read_threads: int = 16,
+        n_write_threads: int = 16,
         enable_kv_events: bool = False,
         locality: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
