@@ -31,6 +31,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
+    "train-ranker": (
+        "service.replay.ranker_cli",
+        "train the worker-lifetime ranker on a trace's sub-agent spawns",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
