@@ -16,6 +16,12 @@ and reads counters the scheduler thread writes, so the engine never waits on the
 
 With no sidecar, sends are dropped (``IMMEDIATE``: nothing queues for a peer that is not
 there), decisions already received keep applying, and untagged traffic runs tags-off.
+
+Security (the threat model is in :mod:`service.push.server`): with the sidecar's CURVE public
+key (``server_key``, env ``TENURE_PUSH_SERVER_KEY``) the channel is encrypted and only the
+holder of the matching secret key can pose as the sidecar and push decisions; the adapter's own
+key pair (``client_secret_key``, env ``TENURE_PUSH_CLIENT_SECRET_KEY``; a fresh one when
+absent) is what a sidecar with an allow-list of adapter keys checks. Keys are Z85 text.
 """
 
 from __future__ import annotations
@@ -44,7 +50,10 @@ from service.push.messages import (
     encode,
 )
 
-__all__ = ["PushClient", "residency_delta"]
+__all__ = ["CLIENT_SECRET_ENV", "SERVER_KEY_ENV", "PushClient", "residency_delta"]
+
+SERVER_KEY_ENV = "TENURE_PUSH_SERVER_KEY"
+CLIENT_SECRET_ENV = "TENURE_PUSH_CLIENT_SECRET_KEY"
 
 log = logging.getLogger("vllm.tenure.push")
 
@@ -96,8 +105,13 @@ class PushClient:
         adapter_id: str | None = None,
         wall_clock: Callable[[], float] = time.time,
         waker: Callable[[], None] | None = None,
+        server_key: str | None = None,
+        client_secret_key: str | None = None,
     ) -> None:
         self.addr = addr
+        #: The sidecar's CURVE public key (Z85); None: a plain channel.
+        self.server_key = server_key or os.environ.get(SERVER_KEY_ENV) or None
+        self._client_secret = client_secret_key or os.environ.get(CLIENT_SECRET_ENV) or None
         self.policy = policy
         self.engine_id = engine_id
         self.bytes_per_block = bytes_per_block
@@ -127,9 +141,10 @@ class PushClient:
         self._thread = threading.Thread(target=self._run, name="tenure-push", daemon=True)
         self._thread.start()
         log.info(
-            "tenure push channel: adapter %s -> %s (idle-engine wake-ups %s)",
+            "tenure push channel: adapter %s -> %s (CURVE %s, idle-engine wake-ups %s)",
             self.adapter_id,
             self.addr,
+            "on" if self.server_key is not None else "off",
             "on" if self.waker is not None else "off",
         )
 
@@ -155,6 +170,15 @@ class PushClient:
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         try:
+            if self.server_key is not None:
+                secret = (
+                    self._client_secret.encode()
+                    if self._client_secret is not None
+                    else zmq.curve_keypair()[1]
+                )
+                sock.curve_serverkey = self.server_key.encode()
+                sock.curve_secretkey = secret
+                sock.curve_publickey = zmq.curve_public(secret)
             sock.connect(self.addr)
             self._loop(sock)
         except Exception:  # the channel must never take the engine down

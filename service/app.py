@@ -18,17 +18,20 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from service.api import admin, sessions
-from service.api.deps import Services
-from service.api.errors import openai_error, unavailable
+from service.api.deps import ApiError, Services
+from service.api.errors import api_error, openai_error, unavailable
+from service.api.openapi import add_proxy_routes
 from service.api.proxy import Proxy
 from service.api.raw_upstream import RawUpstream
 from service.api.runtime import Runtime
@@ -36,7 +39,7 @@ from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
 from service.push.messages import TierConfig
-from service.push.server import PushServer
+from service.push.server import PushSecurity, PushServer
 from service.settings import Settings
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.connection import HiredisPackedConnection
@@ -94,6 +97,16 @@ def _upstream_client(
     )
 
 
+def _push_security(settings: Settings) -> PushSecurity:
+    secret = settings.push_curve_secret_key
+    return PushSecurity(
+        curve_secret_key=secret.get_secret_value() if secret is not None else None,
+        client_keys=dict(settings.push_curve_client_keys),
+        ipc_mode=settings.push_ipc_mode,
+        max_adapters=settings.push_max_adapters,
+    )
+
+
 _Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -107,11 +120,15 @@ class SidecarApp(FastAPI):
     """
 
     fast_routes: dict[str, _Handler]
+    #: Largest body of a lifecycle or admin request (the proxy has its own, larger limit).
+    api_max_body_bytes: int = 1024 * 1024
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.fast_routes.get(scope["path"])
-            if handler is not None:
+            if handler is None and scope["path"].startswith(_API_PREFIXES):
+                receive = _limited(receive, scope, self.api_max_body_bytes)
+            elif handler is not None:
                 scope["app"] = self
                 try:
                     response = await handler(Request(scope, receive, send))
@@ -122,7 +139,38 @@ class SidecarApp(FastAPI):
                     )
                 await response(scope, receive, send)
                 return
+        elif scope["type"] == "http" and scope["path"].startswith(_API_PREFIXES):
+            receive = _limited(receive, scope, self.api_max_body_bytes)
         await super().__call__(scope, receive, send)
+
+
+_API_PREFIXES = ("/v1/sessions", "/admin")
+
+
+def _limited(receive: Receive, scope: Scope, limit: int) -> Receive:
+    """``receive`` that refuses a body over ``limit`` bytes (413) before it is all read."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise_too_large = True
+            break
+    else:
+        raise_too_large = False
+    seen = 0
+
+    async def bounded() -> Message:
+        nonlocal seen
+        if raise_too_large:
+            raise ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise ApiError(
+                    413, f"request body is larger than {limit} bytes", code="body_too_large"
+                )
+        return message
+
+    return bounded
 
 
 def create_app(
@@ -139,7 +187,12 @@ def create_app(
     collector's permanent generation, so full collections under load scan only what requests
     allocate, not the ~10^5 objects of the imported libraries (a tail-latency pause otherwise).
     """
-    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    metrics = Metrics(
+        registry if registry is not None else CollectorRegistry(),
+        max_adapters=settings.push_max_adapters,
+    )
+    for warning in settings.startup_warnings():
+        log.warning("%s", warning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -188,6 +241,7 @@ def create_app(
             push = PushServer(
                 settings.push_addr, tail_store, metrics, tier_config=tier_config,
                 snapshot_interval_s=settings.push_snapshot_interval_s, clock=clock,
+                security=_push_security(settings),
             )  # fmt: skip
             await push.start()
         proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock)
@@ -247,10 +301,32 @@ def create_app(
         description="OpenAI-compatible proxy with KV-cache lifecycle control.",
     )
     app.state.metrics = metrics
+    app.api_max_body_bytes = settings.api_max_body_bytes
 
     @app.exception_handler(StateUnavailable)
     async def _state_unavailable(request: Request, exc: StateUnavailable) -> Response:
         return unavailable(exc.retry_after_s)
+
+    # Lifecycle and admin routes answer every error in one shape (service.api.errors).
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return api_error(
+            exc.status_code, str(exc.detail), code=getattr(exc, "code", None),
+            headers=dict(exc.headers) if exc.headers else None,
+        )  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        issues = [
+            {"loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
+             "msg": str(err.get("msg", "")), "type": str(err.get("type", ""))}
+            for err in exc.errors()
+        ]  # fmt: skip
+        first = issues[0] if issues else {"loc": [], "msg": "invalid request"}
+        where = [str(p) for p in first["loc"][1:]] or [str(p) for p in first["loc"]]
+        param = ".".join(where) or None
+        message = f"{param}: {first['msg']}" if param else str(first["msg"])
+        return api_error(422, message, param=param, detail=issues)
 
     app.include_router(sessions.router)
     app.include_router(admin.router)
@@ -279,6 +355,8 @@ def create_app(
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
     )
+
+    add_proxy_routes(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint() -> Response:

@@ -27,6 +27,14 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.stack_cli",
         "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it",
     ),
+    "calibrate": (
+        "service.calibrate.cli",
+        "measure the retention price vector on a live vLLM engine",
+    ),
+    "train-ranker": (
+        "service.replay.ranker_cli",
+        "train the worker-lifetime ranker on a trace's sub-agent spawns",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
@@ -40,6 +48,17 @@ class UsageError(Exception):
     """A problem the user can fix; printed as one line, exit code 2."""
 
 
+#: Optional dependencies -> the extra that installs them (the base install is the sidecar).
+_EXTRAS = {
+    "numpy": "replay",
+    "matplotlib": "replay",
+    "openai": "clients",
+    "vllm": "engine-cpu",
+    "torch": "engine-cpu",
+    "transformers": "dev",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line naming the problem, as every other bad-input path prints.
@@ -47,7 +66,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _configure(parser: argparse.ArgumentParser, module_name: str) -> None:
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        raise UsageError(
+            f"{parser.prog} needs {top}, which this install does not have: "
+            f"pip install 'tenure[{_EXTRAS[top]}]'"
+        ) from None
     module.configure(parser)
 
 
@@ -71,7 +99,11 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(args_list)
+    try:
+        parser = build_parser(args_list)
+    except UsageError as exc:
+        print(f"tenure: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(args_list)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
@@ -81,6 +113,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except UsageError as exc:
         print(f"tenure: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        print(
+            f"tenure: error: this command needs {top}, which this install does not have: "
+            f"pip install 'tenure[{_EXTRAS[top]}]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("tenure: interrupted", file=sys.stderr)

@@ -7,13 +7,40 @@ renders that registry.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from service.policy.types import EvictionClass
 from service.push.messages import ResidencyReport
 
-__all__ = ["Metrics"]
+__all__ = ["OTHER", "LabelBudget", "Metrics"]
+
+#: The label value every value past a label's budget shares.
+OTHER = "other"
+_LABEL_TEXT = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_EVICTION_CLASSES = frozenset(c.value for c in EvictionClass)
+
+
+class LabelBudget:
+    """At most ``limit`` distinct values of one label: values must look like names
+    (``[A-Za-z0-9._:-]``, at most 64 characters) and newcomers past the budget share
+    :data:`OTHER`. Every label fed from outside the process (a client, an adapter) goes
+    through one, so no sender can grow ``/metrics`` without bound."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self._limit or not _LABEL_TEXT.match(value):
+            return OTHER
+        self._seen.add(value)
+        return value
+
 
 # Sidecar overhead is sub-millisecond when healthy; the upper buckets catch Redis trouble.
 _LATENCY_BUCKETS = (
@@ -25,9 +52,12 @@ _LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, max_adapters: int = 64) -> None:
         self.registry = registry
         r = registry
+        self.adapter_label = LabelBudget(max_adapters)
+        self._tier_label = LabelBudget(8)
+        self._reason_label = LabelBudget(64)
         self.requests = Counter(
             "tenure_requests", "Requests served, by route and status", ["route", "status"],
             registry=r,
@@ -67,6 +97,13 @@ class Metrics:
             "Proxied requests forwarded without lifecycle state because Redis was unavailable",
             registry=r,
         )
+        self.failed_turns = Counter(
+            "tenure_failed_turns",
+            "Tracked requests the upstream did not take (an error answer, unreachable, the "
+            "client gone), by whether their turn was taken back in Redis (no: another turn of "
+            "the session had started)",
+            ["taken_back"], registry=r,
+        )  # fmt: skip
         self.early_forwards = Counter(
             "tenure_early_forwards",
             "Requests forwarded before Redis counted their turn, by how Redis's count compared "
@@ -124,6 +161,11 @@ class Metrics:
             "tenure_push_seq_behind", "Decisions an adapter has not applied yet, by adapter",
             ["adapter"], registry=r,
         )  # fmt: skip
+        self.push_refused_peers = Counter(
+            "tenure_push_refused_peers",
+            "Push-channel messages ignored because the adapter limit was reached",
+            registry=r,
+        )
         self.push_bad_frames = Counter(
             "tenure_push_bad_frames", "Undecodable frames received on the push channel",
             registry=r,
@@ -171,7 +213,13 @@ class Metrics:
         )  # fmt: skip
 
     def record_residency(self, report: ResidencyReport) -> None:
-        """Add one adapter report's deltas (negative deltas are ignored: counters only rise)."""
+        """Add one adapter report's deltas (negative deltas are ignored: counters only rise)
+        and set its gauges under the report's own (bounded) adapter id."""
+        self.record_counters(report)
+        self.record_gauges(report, self.adapter_label(report.adapter_id))
+
+    def record_counters(self, report: ResidencyReport) -> None:
+        """Add one adapter report's counter deltas (negative deltas are ignored)."""
         _add(self.adapter_stores, report.stores)
         _add(self.adapter_stored_blocks, report.stored_blocks)
         _add(self.adapter_refusals, report.refusals)
@@ -183,10 +231,21 @@ class Metrics:
         _add(self.adapter_ttl_expiries, report.ttl_expiries)
         for cls, blocks in report.evicted_blocks.items():
             if blocks > 0:
-                self.adapter_evicted_blocks.labels(cls).inc(blocks)
+                # Only the core's own classes: the sender's text is not a label.
+                self.adapter_evicted_blocks.labels(cls if cls in _EVICTION_CLASSES else OTHER).inc(
+                    blocks
+                )
+
+    def record_gauges(self, report: ResidencyReport, adapter: str) -> None:
+        """One report's gauges under ``adapter``, a label the caller has bounded (the name
+        an authenticated key was given, or the report's id through :attr:`adapter_label`)."""
         for tier, resident in report.resident_bytes.items():
-            self.adapter_resident_bytes.labels(report.adapter_id, tier).set(resident)
-        self.adapter_sessions_tracked.labels(report.adapter_id).set(report.sessions_tracked)
+            self.adapter_resident_bytes.labels(adapter, self._tier_label(tier)).set(resident)
+        self.adapter_sessions_tracked.labels(adapter).set(report.sessions_tracked)
+
+    def count_decision(self, kind: str, reason: str) -> None:
+        # Reasons name a role the client chose for spawned workers: bounded like any label.
+        self.decisions.labels(kind, self._reason_label(reason)).inc()
 
     def set_sessions(self, by_state: Mapping[str, int]) -> None:
         for state in ("active", "idle", "suspended", "finished"):

@@ -7,15 +7,50 @@ key) are ``SecretStr`` so they never appear in reprs or logs.
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "SettingsError", "TenantSpec", "load_settings"]
+__all__ = [
+    "MIN_ADMIN_TOKEN_CHARS",
+    "Settings",
+    "SettingsError",
+    "TenantSpec",
+    "is_loopback_host",
+    "load_settings",
+    "tenant_key_digest",
+]
 
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+#: How a tenant key may be given already hashed (and how ``Settings`` keeps every key).
+_KEY_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: Shortest admin token accepted: a guessable token is an open admin API.
+MIN_ADMIN_TOKEN_CHARS = 12
+#: Visible ASCII only: what an HTTP header carries unchanged, and never all blanks.
+_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")
+_Z85_KEY = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+
+
+def tenant_key_digest(key: str) -> str:
+    """``sha256:<hex>`` of a tenant API key; a key already in that form is kept as it is."""
+    if _KEY_DIGEST.match(key):
+        return key
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (the only binds a local user owns)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class SettingsError(ValueError):
@@ -86,13 +121,48 @@ class Settings(BaseSettings):
     dev_mode: bool = False
 
     #: API key -> tenant, as JSON: ``{"sk-abc": {"name": "acme", "infer_sessions": true}}``.
-    #: Empty: every caller is the ``default`` tenant.
-    tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)  # keys are secrets
+    #: Empty: every caller is the ``default`` tenant. Keys are kept only as ``sha256:<hex>``
+    #: digests (a key may be given in that form too), so no dump or repr holds one. With
+    #: tenants configured the caller's key is never forwarded upstream.
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)
     default_tenant: TenantSpec = TenantSpec(name="default")
 
+    # --- client connections (uvicorn; see service.api.server) -------------------------------
+    #: An idle keep-alive connection is closed after this long without a new request.
+    http_keepalive_timeout_s: float = Field(default=5.0, gt=0, le=3600)
+    #: A request's head (request line and headers) must arrive within this long of its
+    #: first byte, or of the connection opening: idle and half-sent connections are closed.
+    http_header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    #: Once the head is in, the whole request body must arrive within this long.
+    http_body_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+    #: A request head larger than this is answered 431 and the connection closed.
+    http_max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    #: Open client connections at most (also capped by the process's file-descriptor limit).
+    #: At the cap, the longest-idle connections that carry no request are closed first, so
+    #: idle or half-sent connections never lock out a request.
+    http_max_connections: int = Field(default=4096, ge=8, le=1_000_000)
+    #: Largest body of a lifecycle or admin request (bytes); bigger ones get 413.
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+
+    # --- push channel ----------------------------------------------------------------------
     #: Push channel (ZeroMQ ROUTER) address; empty disables the channel.
     push_addr: str = "tcp://127.0.0.1:5557"
     push_snapshot_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    #: CURVE secret key of the sidecar (Z85, 40 characters; ``zmq.curve_keypair()``): the
+    #: channel is encrypted and adapters authenticate the sidecar by its public key.
+    push_curve_secret_key: SecretStr | None = None
+    #: Adapters allowed to connect, as JSON ``{"engine-0": "<Z85 public key>"}`` (needs
+    #: ``push_curve_secret_key``). The name is the adapter's label in metrics; empty = any
+    #: adapter that knows the sidecar's public key may connect.
+    push_curve_client_keys: dict[str, str] = Field(default_factory=dict)
+    #: Permissions of an ``ipc://`` socket file (octal, e.g. ``600`` or ``660``): who may
+    #: connect is who may open the file.
+    push_ipc_mode: int = Field(default=0o600, ge=0, le=0o777)
+    #: Allow a non-loopback ``tcp://`` push address without CURVE (a trusted private network
+    #: only: every peer that can connect reads all tenants' decisions).
+    push_insecure: bool = False
+    #: Adapters tracked at once (peers beyond it are ignored until one goes silent).
+    push_max_adapters: int = Field(default=64, ge=1, le=10_000)
     #: How often each replica reloads runtime config and the learned gap model from Redis.
     refresh_interval_s: float = Field(default=2.0, gt=0, le=3600)
 
@@ -117,6 +187,55 @@ class Settings(BaseSettings):
             raise ValueError("push_addr must be a tcp://, ipc:// or inproc:// ZeroMQ address")
         return value
 
+    @field_validator("admin_token")
+    @classmethod
+    def _strong_token(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value()
+        if token and (len(token) < MIN_ADMIN_TOKEN_CHARS or not _TOKEN_CHARS.match(token)):
+            raise ValueError(
+                f"TENURE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} visible ASCII "
+                "characters without spaces (e.g. openssl rand -hex 32)"
+            )
+        return value
+
+    @field_validator("tenants")
+    @classmethod
+    def _hash_keys(cls, value: dict[str, TenantSpec]) -> dict[str, TenantSpec]:
+        hashed: dict[str, TenantSpec] = {}
+        for key, spec in value.items():
+            if not key or not _TOKEN_CHARS.match(key):
+                raise ValueError("tenant API keys must be visible ASCII without spaces")
+            hashed[tenant_key_digest(key)] = spec
+        return hashed
+
+    @field_validator("push_ipc_mode", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        # The environment gives text: read it as the octal a chmod takes.
+        if isinstance(value, str):
+            try:
+                return int(value, 8)
+            except ValueError:
+                raise ValueError("push_ipc_mode must be octal permissions, e.g. 600") from None
+        return value
+
+    @field_validator("push_curve_secret_key")
+    @classmethod
+    def _z85_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not _Z85_KEY.match(value.get_secret_value()):
+            raise ValueError("push_curve_secret_key must be a 40-character Z85 CURVE key")
+        return value
+
+    @field_validator("push_curve_client_keys")
+    @classmethod
+    def _z85_clients(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, key in value.items():
+            if not _TENANT_NAME.match(name):
+                raise ValueError("adapter names are 1-64 characters of [A-Za-z0-9._-]")
+            if not _Z85_KEY.match(key):
+                raise ValueError(f"the key of adapter {name!r} is not a 40-character Z85 key")
+        return value
+
     @model_validator(mode="after")
     def _admin_token_required(self) -> Settings:
         if not self.admin_token.get_secret_value() and not self.dev_mode:
@@ -125,6 +244,45 @@ class Settings(BaseSettings):
                 "development (admin routes are then open)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _push_secured(self) -> Settings:
+        if self.push_curve_client_keys and self.push_curve_secret_key is None:
+            raise ValueError("push_curve_client_keys needs push_curve_secret_key")
+        if (
+            self.push_addr.startswith("tcp://")
+            and self.push_curve_secret_key is None
+            and not self.push_insecure
+            and not is_loopback_host(urlsplit(self.push_addr).hostname or "")
+        ):
+            raise ValueError(
+                f"push_addr {self.push_addr} is reachable from the network but the channel is "
+                "not authenticated: set TENURE_PUSH_CURVE_SECRET_KEY (CURVE), use ipc:// or a "
+                "loopback address, or set TENURE_PUSH_INSECURE=1 on a trusted network"
+            )
+        return self
+
+    def startup_warnings(self) -> list[str]:
+        """What an operator must hear about at start-up (printed by ``tenure serve``)."""
+        warnings: list[str] = []
+        if not self.admin_token.get_secret_value() and not is_loopback_host(self.host):
+            warnings.append(
+                f"dev mode on {self.host}: the admin API is open to everyone who can reach "
+                "this address; set TENURE_ADMIN_TOKEN or bind 127.0.0.1"
+            )
+        if self.push_addr.startswith("tcp://") and self.push_curve_secret_key is None:
+            where = urlsplit(self.push_addr).hostname or ""
+            if not is_loopback_host(where):
+                warnings.append(
+                    f"push channel {self.push_addr} without CURVE (TENURE_PUSH_INSECURE=1): "
+                    "any peer on the network reads every tenant's decisions"
+                )
+        if self.push_curve_secret_key is not None and not self.push_curve_client_keys:
+            warnings.append(
+                "push channel: CURVE without TENURE_PUSH_CURVE_CLIENT_KEYS accepts any "
+                "adapter that knows the sidecar's public key"
+            )
+        return warnings
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -140,6 +298,7 @@ def load_settings(**overrides: Any) -> Settings:
     Raises :class:`SettingsError` with one readable line per problem.
     """
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError as SourceError
 
     try:
         return Settings(**overrides)
@@ -148,3 +307,9 @@ def load_settings(**overrides: Any) -> Settings:
             f"{_location(err['loc'])}: {err['msg']}" for err in exc.errors(include_input=False)
         )
         raise SettingsError(problems) from None
+    except SourceError as exc:
+        # A variable that is not valid JSON (TENURE_TENANTS='{...'): name it, never echo its
+        # value (it holds API keys).
+        found = re.search(r'field "([a-z_]+)"', str(exc))
+        name = f"TENURE_{found.group(1).upper()}" if found else "a TENURE_ variable"
+        raise SettingsError(f"{name} is not valid JSON") from None

@@ -10,8 +10,8 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 COPY engine_adapter ./engine_adapter
 COPY clients ./clients
-# --no-deps: vLLM's image already carries what the adapter imports (msgspec, pyzmq, numpy),
-# and the sidecar's web stack must not replace vLLM's pinned versions.
+# --no-deps: vLLM's image already carries what the adapter imports (msgspec, pyzmq: the
+# `engine` extra), and the sidecar's web stack must not replace vLLM's pinned versions.
 RUN pip install --no-cache-dir --no-deps . \
  && python -c "from importlib.metadata import entry_points; assert any(e.name == 'tenure' for e in entry_points(group='vllm.general_plugins'))"
 WORKDIR /

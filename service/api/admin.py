@@ -15,12 +15,17 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from service.api.deps import Services, get_services, require_admin
+from service.api.deps import Services, error_responses, get_services, require_admin
 from service.state.config import ConfigPatch, RuntimeConfig
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+router = APIRouter(
+    prefix="/admin",
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses=error_responses(400, 401, 413, 422, 503),
+)
 Svc = Annotated[Services, Depends(get_services)]
 
 

@@ -372,7 +372,13 @@ def _side(side: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from service.cli import UsageError
+
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        # Before the run, not after minutes of it.
+        raise UsageError("--plot needs matplotlib: pip install 'tenure[replay]'")
 
     if args.concurrency < 1 or args.requests < args.concurrency:
         raise UsageError("--concurrency must be >= 1 and --requests >= --concurrency")

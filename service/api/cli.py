@@ -18,8 +18,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    import sys
+
     import uvicorn
 
+    from service.api.server import uvicorn_config
     from service.app import create_app
     from service.cli import UsageError
     from service.settings import SettingsError, load_settings
@@ -35,19 +38,13 @@ def serve(args: argparse.Namespace) -> int:
         settings = load_settings(**overrides)
     except SettingsError as exc:
         raise UsageError(str(exc)) from None
+    for warning in settings.startup_warnings():
+        print(f"tenure serve: warning: {warning}", file=sys.stderr)
     loop = "uvloop" if _has("uvloop") else "asyncio"
-    http = "httptools" if _has("httptools") else "h11"
-    uvicorn.run(
-        create_app(settings, freeze_gc=True),
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        loop=loop,
-        http=http,
-        access_log=False,  # per-request logging costs more than the proxy itself
-        proxy_headers=False,  # client addresses are not used; skip the per-request middleware
-        server_header=False,
+    config = uvicorn_config(
+        create_app(settings, freeze_gc=True), settings, log_level=args.log_level, loop=loop
     )
+    uvicorn.Server(config).run()
     return 0
 
 

@@ -75,4 +75,4 @@ def as_update(
 
 
 def count(metrics: Metrics, decision: LifecycleDecision) -> None:
-    metrics.decisions.labels(decision.state, decision.reason).inc()
+    metrics.count_decision(decision.state, decision.reason)

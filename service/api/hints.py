@@ -41,6 +41,21 @@ _BODY_FIELDS = frozenset(
 )
 
 
+_KNOWN_PARAMS = frozenset(
+    {
+        "X-Tenure-Session",
+        "X-Tenure-Last-Turn",
+        "X-Tenure-Expected-Gap-Ms",
+        "X-Tenure-Segment",
+        "X-Tenure-Parent",
+        "tenure",
+        "body",
+        "kv_transfer_params",
+        *(f"tenure.{name}" for name in _BODY_FIELDS),
+    }
+)
+
+
 class HintError(ValueError):
     """A malformed hint; ``param`` names the header or body field."""
 
@@ -48,6 +63,12 @@ class HintError(ValueError):
         super().__init__(message)
         self.param = param
         self.message = message
+
+    @property
+    def label(self) -> str:
+        """``param`` as a metric label: the known names, else one bucket (client text such as
+        an unknown ``tenure.<name>`` must never become a label value of its own)."""
+        return self.param if self.param in _KNOWN_PARAMS else "tenure.unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +106,10 @@ def validate_id(param: str, value: object) -> str:
 def _gap_seconds(param: str, value: object, scale: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise HintError(param, f"{param} must be a number")
-    seconds = float(value) * scale
+    try:
+        seconds = float(value) * scale
+    except OverflowError:  # an integer of hundreds of digits
+        raise HintError(param, f"{param} is over 30 days; check the unit") from None
     if not math.isfinite(seconds) or seconds < 0:
         raise HintError(param, f"{param} must be a finite number >= 0")
     if seconds > MAX_GAP_S:
@@ -140,22 +164,27 @@ def _from_body(obj: object) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key in ("session", "session_id"):
         if key in obj:
-            found["session"] = (validate_id(f"tenure.{key}", obj[key]), f"tenure.{key}")
+            _once(found, "session", validate_id(f"tenure.{key}", obj[key]), f"tenure.{key}")
     if "last_turn" in obj:
         value = obj["last_turn"]
         if not isinstance(value, bool):
             raise HintError("tenure.last_turn", "tenure.last_turn must be true or false")
         found["last_turn"] = (value, "tenure.last_turn")
-    if "expected_gap_ms" in obj:
-        param = "tenure.expected_gap_ms"
-        found["expected_gap_s"] = (_gap_seconds(param, obj["expected_gap_ms"], 0.001), param)
-    if "expected_gap_s" in obj:
-        param = "tenure.expected_gap_s"
-        found["expected_gap_s"] = (_gap_seconds(param, obj["expected_gap_s"], 1.0), param)
+    for key, scale in (("expected_gap_ms", 0.001), ("expected_gap_s", 1.0)):
+        if key in obj:
+            param = f"tenure.{key}"
+            _once(found, "expected_gap_s", _gap_seconds(param, obj[key], scale), param)
     for key in ("segment", "parent"):
         if key in obj:
             found[key] = (validate_id(f"tenure.{key}", obj[key]), f"tenure.{key}")
     return found
+
+
+def _once(found: dict[str, Any], name: str, value: object, param: str) -> None:
+    """Record one field given under one of its spellings; two spellings must agree."""
+    if name in found and found[name][0] != value:
+        raise HintError(param, f"{param} disagrees with {found[name][1]}")
+    found[name] = (value, param)
 
 
 def parse_hints(headers: Mapping[str, str], body_hints: object | None) -> Hints:

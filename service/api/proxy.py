@@ -7,6 +7,17 @@ request is forwarded while that call runs, carrying the replica's forecast of th
 is answered first. After the answer has been handed to the client, the end of the turn (stop
 reason, tool, predicted gap) is recorded off the response path. If Redis is unavailable the
 request is still forwarded (fail open, counted).
+
+A turn counts only if the upstream took it: an error answer (a 404 for an unknown model, a 400
+for a prompt that is too long, a 5xx), an unreachable or timed-out upstream, or a client that
+left before the answer takes the turn back in Redis (``StateStore.rollback_turn``), and such a
+request never finishes its session, whatever ``last_turn`` said. A stream cut after a 200 keeps
+its turn but does not finish the session either.
+
+The sidecar owns ``kv_transfer_params.tenure`` on every forwarded request: a tracked request
+gets the sidecar's own, and every other one (an untracked completion, any passthrough route)
+has a client-supplied one removed before it is forwarded, so no caller can name another
+tenant's session to the engine.
 """
 
 from __future__ import annotations
@@ -27,10 +38,13 @@ from service.api import decisions
 from service.api.errors import openai_error
 from service.api.hints import HintError, Hints, parse_hints
 from service.api.inference import prefix_digests
+from service.api.paths import PathRefused, check_passthrough_path
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.turns import TurnForecasts
 from service.api.upstream import (
+    STREAM_DONE,
+    STREAM_UPSTREAM_CUT,
     ClientGone,
     ProxiedResponse,
     RelayResponse,
@@ -73,6 +87,14 @@ class _TooLarge(Exception):
     pass
 
 
+#: How a forwarded turn ended, for the record: the upstream answered it (``OK``), answered
+#: and then the stream was cut (``CUT``: the turn counts, the session is not finished), or
+#: never took it (``FAILED``: the turn is taken back).
+OK, CUT, FAILED = "ok", "cut", "failed"
+#: Client-supplied ``kv_transfer_params.tenure`` is searched this deep in passthrough bodies.
+_STRIP_DEPTH = 64
+
+
 @dataclass(slots=True)
 class _Turn:
     """A tracked request: what the end-of-turn decision needs."""
@@ -100,7 +122,10 @@ class _Turn:
 
 
 def _clean_tool(name: str | None) -> str:
-    return "" if not name else name.replace("|", "_")[:128]
+    if not name:
+        return ""
+    # "|" separates fields of the gap log; control characters never belong in a tool name.
+    return "".join("_" if c == "|" or c < " " else c for c in name[:128])
 
 
 class Proxy:
@@ -123,6 +148,8 @@ class Proxy:
         self.clock = clock
         key = settings.upstream_api_key
         self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
+        # With tenants configured the caller's bearer token is one of the sidecar's API keys.
+        self._drop_client_auth = not tenants.open
         # Built in the app's lifespan, so on the loop it serves. (Each get_running_loop() call
         # costs a getpid() system call on Python 3.11, several per request.)
         self._loop = asyncio.get_running_loop()
@@ -152,11 +179,21 @@ class Proxy:
         if tenant is None:
             return self._done("passthrough", _unauthorized(), started)
         try:
+            check_passthrough_path(request.scope)
+        except PathRefused as exc:
+            return self._done("passthrough", exc.response, started)
+        try:
             body = await self._read_body(request, request.headers.get("content-length"))
         except _TooLarge:
             return self._done("passthrough", self._too_large(), started)
         except ClientDisconnect:
             return Response(status_code=499)
+        if body:
+            try:
+                body = _strip_client_tenure(body, request.headers.get("content-type"))
+            except _BadBody as exc:
+                self.metrics.hint_rejections.labels("body").inc()
+                return self._done("passthrough", _bad_body(exc), started)
         path = request.url.path
         if request.url.query:
             path = f"{path}?{request.url.query}"
@@ -184,34 +221,37 @@ class Proxy:
         except ClientDisconnect:
             return Response(status_code=499)
 
-        payload: Any = None
         try:
             payload = _decode_json(body)
-        except msgspec.DecodeError:
-            payload = None
-        body_hints = None
-        had_tenure = isinstance(payload, dict) and "tenure" in payload
-        if had_tenure:
-            body_hints = payload.pop("tenure")
+        except (msgspec.DecodeError, RecursionError):
+            payload = _NOT_JSON
+        if not isinstance(payload, dict):
+            # Forwarding bytes the sidecar cannot read would forward whatever they hold.
+            self.metrics.hint_rejections.labels("body").inc()
+            return self._done(route, _bad_body(_BadBody(payload is _NOT_JSON)), started)
+        had_tenure = "tenure" in payload
+        body_hints = payload.pop("tenure", None)
+        turn: _Turn | None = None
         try:
             hints = parse_hints(headers, body_hints)
-            if hints.any and not isinstance(payload, dict):
-                raise HintError("body", "a request with tenure hints needs a JSON object body")
-            if isinstance(payload, dict) and not isinstance(
-                payload.get("kv_transfer_params", {}), dict | None
-            ):
+            if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
                 # Checked before any state is written: a refused request leaves no trace.
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
+            dropped = _drop_client_tenure(payload)  # the key is the sidecar's alone
             turn = await self._start_turn(route, tenant, hints, payload)
-            if turn is not None or had_tenure:
+            if turn is not None or had_tenure or dropped:
                 body = self._rewrite(payload, turn, hints)
         except HintError as exc:
-            self.metrics.hint_rejections.labels(exc.param).inc()
+            self.metrics.hint_rejections.labels(exc.label).inc()
             return self._done(
                 route,
                 openai_error(400, exc.message, param=exc.param, code="invalid_tenure_hint"),
                 started,
             )
+        except RecursionError:  # decodable, but too deep to encode again
+            self._finish_turn(turn, FAILED)
+            self.metrics.hint_rejections.labels("body").inc()
+            return self._done(route, _bad_body(_BadBody(True)), started)
         return await self._forward(request, route, "POST", path, body, turn, started)
 
     async def _start_turn(
@@ -265,9 +305,9 @@ class Proxy:
         Everything here runs after the upstream send for an early-forwarded turn, so the
         decision is made here too, not on the way to the upstream.
         """
-        decision = lifecycle.on_request(
-            now, last_turn=hints.last_turn, hinted_gap_s=hints.expected_gap_s
-        )
+        # Published only for a new or resumed session, and never as a last turn: that is decided
+        # when the turn ends, and only if the upstream took the request.
+        decision = lifecycle.on_request(now, last_turn=False, hinted_gap_s=hints.expected_gap_s)
         message = decisions.as_message(
             decision, tenant=tenant.name, session="", turn=0, parent=None, now=now
         )
@@ -345,7 +385,9 @@ class Proxy:
         turn: _Turn | None,
         started: float,
     ) -> Response:
-        headers_out = forward_headers(request.scope["headers"], self._upstream_auth)
+        headers_out = forward_headers(
+            request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
+        )
         overhead = time.perf_counter() - started
 
         async def exchange() -> tuple[UpstreamResponse, bytes | None]:
@@ -360,14 +402,15 @@ class Proxy:
         except ClientGone:
             self.metrics.client_disconnects.inc()
             self._count(route, 499, overhead, time.perf_counter())
-            self._finish_turn(turn)
+            self._finish_turn(turn, FAILED)
             return Response(status_code=499)
         except UpstreamError as exc:
             response, kind = upstream_failure(exc)
             self.metrics.upstream_errors.labels(kind).inc()
             self._count(route, response.status_code, overhead, time.perf_counter())
-            # The turn is over even though it failed: the session must not stay "active".
-            self._finish_turn(turn)
+            # The upstream never took the turn: take it back (the session must not stay
+            # "active", and a declared last turn must not finish it).
+            self._finish_turn(turn, FAILED)
             return response
         resumed = time.perf_counter()
         status = upstream.status
@@ -379,17 +422,22 @@ class Proxy:
                 # After the answer left: none of this is the client's wait.
                 if turn is not None and status < 400:
                     _scan_completion(turn, content, encoding)
-                self._finish_turn(turn)
+                self._finish_turn(turn, OK if status < 400 else FAILED)
                 self._count(route, status, overhead, resumed)
 
             return ProxiedResponse(content, status, headers, on_sent=sent)
 
         on_chunk = turn.scan if turn is not None and status < 400 else None
 
-        def on_complete(completed: bool) -> None:
-            if not completed:
+        def on_complete(outcome: str, error: UpstreamError | None) -> None:
+            if outcome == STREAM_UPSTREAM_CUT and error is not None:
+                self.metrics.upstream_errors.labels(error.kind).inc()
+            elif outcome != STREAM_DONE:
                 self.metrics.client_disconnects.inc()
-            self._finish_turn(turn)
+            if status >= 400:
+                self._finish_turn(turn, FAILED)
+            else:
+                self._finish_turn(turn, OK if outcome == STREAM_DONE else CUT)
 
         self._count(route, status, overhead, resumed)
         return RelayResponse(
@@ -402,16 +450,18 @@ class Proxy:
 
     # --- end of turn -------------------------------------------------------------------------
 
-    def _finish_turn(self, turn: _Turn | None) -> None:
+    def _finish_turn(self, turn: _Turn | None, outcome: str) -> None:
         if turn is None or turn.turn == 0:
             return  # untracked, or forwarded fail-open: there is no record to update
-        task = self._loop.create_task(self._record_turn_end(turn))
+        task = self._loop.create_task(self._record_turn_end(turn, outcome))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _record_turn_end(self, turn: _Turn) -> None:
+    async def _record_turn_end(self, turn: _Turn, outcome: str) -> None:
         start = turn.start
         if turn.counting is not None:
+            # An early-forwarded turn: Redis may still be counting it while the answer is
+            # already here; what follows needs its number.
             try:
                 start = await turn.counting
             except Exception:  # a bug there: say so here, where the result was awaited
@@ -419,12 +469,16 @@ class Proxy:
                 return
         if start is None or start.turn == 0:
             return  # Redis did not count the turn: there is no record to update
+        if outcome == FAILED:
+            await self._take_back(turn, start)
+            return
         now = self.clock()
         hints = turn.hints
         decision = lifecycle.on_response(
             now,
             stop_reason=turn.stop_reason,
-            last_turn=hints.last_turn,
+            # A cut stream is not the declared end of the session.
+            last_turn=hints.last_turn and outcome == OK,
             hinted_gap_s=hints.expected_gap_s,
             predictor=self.runtime.predictor(turn.tenant),
             tool=turn.tool,
@@ -463,6 +517,21 @@ class Proxy:
                     decision.expected_gap_s
                 )
 
+    async def _take_back(self, turn: _Turn, start: TurnStart) -> None:
+        try:
+            status, _seq = await self.store.rollback_turn(
+                turn.tenant, start.session, start.turn, now=self.clock()
+            )
+        except StateUnavailable:
+            return
+        except Exception:
+            log.exception("taking back a failed turn failed")
+            return
+        self.metrics.failed_turns.labels("yes" if status == 1 else "no").inc()
+        if status == 1 and self._forecasts is not None and turn.hints.session is not None:
+            # Redis's count went back by one: this replica's forecast must not run ahead.
+            self._forecasts.forget(turn.tenant, turn.hints.session)
+
     # --- helpers -------------------------------------------------------------------------------
 
     async def _read_body(self, request: Request, declared: str | None) -> bytes:
@@ -499,8 +568,9 @@ class Proxy:
     def _count(self, route: str, status: int, overhead: float, resumed: float) -> None:
         counter = self._request_counters.get((route, status))
         if counter is None:
+            label = str(status) if 100 <= status <= 599 else "other"
             counter = self._request_counters[(route, status)] = self.metrics.requests.labels(
-                route, str(status)
+                route, label
             )
         counter.inc()
         self._latency[route].observe(overhead + (time.perf_counter() - resumed))
@@ -534,6 +604,79 @@ def _scan_completion(turn: _Turn, content: bytes, content_encoding: str) -> None
         function = calls[0].get("function") if isinstance(calls[0], dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             turn.tool = function["name"]
+
+
+class _BadBody(Exception):
+    def __init__(self, undecodable: bool) -> None:
+        super().__init__()
+        self.undecodable = undecodable
+
+
+_NOT_JSON: Any = object()
+
+
+def _bad_body(exc: _BadBody) -> Response:
+    message = (
+        "the request body is not valid UTF-8 JSON, or is nested too deep"
+        if exc.undecodable
+        else "the request body must be a JSON object"
+    )
+    return openai_error(400, message, param="body", code="invalid_body")
+
+
+def _drop_client_tenure(payload: dict[str, Any]) -> bool:
+    """Remove a client's own ``kv_transfer_params.tenure`` (and the same key smuggled through
+    ``vllm_xargs``, which vLLM merges into the same engine-side dict); True if anything went."""
+    dropped = False
+    kv = payload.get("kv_transfer_params")
+    if isinstance(kv, dict) and "tenure" in kv:
+        del kv["tenure"]
+        dropped = True
+    xargs = payload.get("vllm_xargs")
+    if isinstance(xargs, dict) and "kv_transfer_params" in xargs:
+        del xargs["kv_transfer_params"]
+        dropped = True
+    return dropped
+
+
+def _strip_client_tenure(body: bytes, content_type: str | None) -> bytes:
+    """A passthrough body with every ``kv_transfer_params.tenure`` removed, at any depth (the
+    routes behind the catch-all have schemas of their own).
+
+    A body that is not JSON is forwarded as it is only when it does not claim to be JSON
+    (a multipart upload); the engine would read a JSON-typed one, so it must be readable here.
+    """
+    try:
+        payload = _decode_json(body)
+    except (msgspec.DecodeError, RecursionError):
+        media = (content_type or "").split(";", 1)[0].strip().lower()
+        if not media or media == "application/json" or media.endswith("+json"):
+            raise _BadBody(True) from None
+        return body
+    if not _strip_nested(payload, _STRIP_DEPTH):
+        return body
+    try:
+        return _encode_json(payload)
+    except RecursionError:
+        raise _BadBody(True) from None
+
+
+def _strip_nested(node: Any, depth: int) -> bool:
+    if depth <= 0:
+        # Deeper than any engine route reads: refuse rather than forward unchecked.
+        raise _BadBody(True)
+    dropped = False
+    if isinstance(node, dict):
+        if _drop_client_tenure(node):
+            dropped = True
+        for value in node.values():
+            if isinstance(value, dict | list) and _strip_nested(value, depth - 1):
+                dropped = True
+    elif isinstance(node, list):
+        for value in node:
+            if isinstance(value, dict | list) and _strip_nested(value, depth - 1):
+                dropped = True
+    return dropped
 
 
 def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -13,11 +13,11 @@ import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query
+from fastapi import APIRouter, Body, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.api import decisions
-from service.api.deps import Services, get_services, tenant_of
+from service.api.deps import ApiError, Services, error_responses, get_services, tenant_of
 from service.policy import lifecycle
 from service.settings import TenantSpec
 from service.state.store import SessionExists, SessionNotFound, SessionUpdate
@@ -28,8 +28,30 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="session id (tenant-scoped)")]
 _MAX_WAIT_S = 30 * 86400.0
 _MAX_METADATA_BYTES = 4096
+#: Nesting allowed in worker metadata: enough for any label structure, far from the depth
+#: where decoding or serialising a stored record would fail on every later read.
+MAX_METADATA_DEPTH = 8
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(
+    prefix="/v1/sessions",
+    tags=["sessions"],
+    responses=error_responses(400, 401, 404, 409, 413, 422, 503),
+)
+
+
+def json_depth(value: object, limit: int) -> int:
+    """Nesting depth of a decoded JSON value, counted without recursion up to ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 class SuspendRequest(BaseModel):
@@ -50,6 +72,8 @@ class WorkerSpawn(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if json_depth(value, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
+            raise ValueError(f"metadata must nest at most {MAX_METADATA_DEPTH} levels deep")
         if len(json.dumps(value, default=str)) > _MAX_METADATA_BYTES:
             raise ValueError(f"metadata must encode to at most {_MAX_METADATA_BYTES} bytes")
         return value
@@ -115,7 +139,10 @@ def view(session: str, record: dict[str, str], now: float, slack_s: float) -> Se
     )
     try:
         metadata = json.loads(record.get("metadata") or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
+        metadata = {}
+    if json_depth(metadata, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
+        # Stored before the depth limit (or by another writer): unreadable, not fatal.
         metadata = {}
     return SessionView(
         session_id=session,
@@ -141,6 +168,10 @@ def view(session: str, record: dict[str, str], now: float, slack_s: float) -> Se
         workers=_json_list(record, "workers"),
         inferred=record.get("inferred") == "1",
     )
+
+
+def _not_found(session: str) -> ApiError:
+    return ApiError(404, f"session {session!r} not found", code="session_not_found")
 
 
 class _Conflict(Exception):
@@ -187,9 +218,9 @@ async def _transition(
     try:
         before, _seq = await svc.store.update_session(tenant.name, session, mutate, now=now)
     except SessionNotFound:
-        raise HTTPException(404, f"session {session!r} not found") from None
+        raise _not_found(session) from None
     except _Conflict as exc:
-        raise HTTPException(409, exc.message) from None
+        raise ApiError(409, exc.message, code="session_finished") from None
     decisions.count(svc.metrics, outcome["decision"])
     after = {**before, **outcome["update"].fields}
     for name in outcome["update"].deleted:
@@ -266,9 +297,9 @@ async def spawn_worker(
     now = svc.clock()
     parent = await svc.store.get_session(tenant.name, session_id)
     if parent is None:
-        raise HTTPException(404, f"session {session_id!r} not found")
+        raise _not_found(session_id)
     if parent.get("state") == "finished":
-        raise HTTPException(409, f"session {session_id!r} is finished")
+        raise ApiError(409, f"session {session_id!r} is finished", code="session_finished")
     decision = lifecycle.on_spawn(now, role=spawn.role)
     message = decisions.as_message(
         decision, tenant=tenant.name, session=spawn.worker_id, turn=0, parent=session_id, now=now
@@ -290,7 +321,9 @@ async def spawn_worker(
     try:
         await svc.store.create_session(tenant.name, spawn.worker_id, update, now=now)
     except SessionExists:
-        raise HTTPException(409, f"session {spawn.worker_id!r} already exists") from None
+        raise ApiError(
+            409, f"session {spawn.worker_id!r} already exists", code="session_exists"
+        ) from None
     decisions.count(svc.metrics, decision)
 
     def add_worker(record: dict[str, str]) -> SessionUpdate:
@@ -309,7 +342,7 @@ async def spawn_worker(
 async def get_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
     record = await svc.store.get_session(tenant.name, session_id)
     if record is None:
-        raise HTTPException(404, f"session {session_id!r} not found")
+        raise _not_found(session_id)
     return view(session_id, record, svc.clock(), svc.runtime.config.overdue_slack_s)
 
 

@@ -5,23 +5,34 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from service.settings import TenantSpec
+from service.settings import TenantSpec, tenant_key_digest
 
-__all__ = ["TenantResolver"]
+__all__ = ["TenantResolver", "bearer_token"]
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+def bearer_token(authorization: str | None) -> bytes | None:
+    """The token of ``Authorization: Bearer <token>`` as the bytes the client sent, or None.
+
+    ASGI servers decode header values as latin-1, so encoding back gives the raw bytes for
+    any input (a non-ASCII token compares as bytes, it never raises).
+    """
+    if not authorization or authorization[:7].lower() != "bearer ":
+        return None
+    return authorization[7:].strip().encode("latin-1", "replace")
 
 
 class TenantResolver:
     """Maps a bearer API key to its tenant; without configured tenants everyone is ``default``.
 
-    Keys are kept only as SHA-256 digests, so the resolver never holds or prints a secret.
+    Keys are kept only as SHA-256 digests (``Settings`` hands them over already hashed), so
+    the resolver never holds or prints a secret.
     """
 
     def __init__(self, tenants: Mapping[str, TenantSpec], default: TenantSpec) -> None:
-        self._by_digest = {_digest(key): spec for key, spec in tenants.items()}
+        self._by_digest = {
+            bytes.fromhex(tenant_key_digest(key).removeprefix("sha256:")): spec
+            for key, spec in tenants.items()
+        }
         self.default = default
         self.open = not self._by_digest
 
@@ -33,9 +44,10 @@ class TenantResolver:
         """The caller's tenant, or ``None`` when tenants are configured and the key is unknown."""
         if self.open:
             return self.default
-        if not authorization or not authorization.lower().startswith("bearer "):
+        token = bearer_token(authorization)
+        if not token:
             return None
-        return self._by_digest.get(_digest(authorization[7:].strip()))
+        return self._by_digest.get(hashlib.sha256(token).digest())
 
     def __repr__(self) -> str:
         return f"TenantResolver(tenants={self.names})"

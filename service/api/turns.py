@@ -77,6 +77,13 @@ class TurnForecasts:
             return False
         return True
 
+    def forget(self, tenant: str, session: str) -> None:
+        """Redis's count of the session went back (a failed turn was taken back): its next
+        turn asks Redis first again, as on first contact. A shared session stays shared."""
+        key = (tenant, session)
+        if self._last.get(key) != _SHARED:
+            self._last.pop(key, None)
+
     def _remember(self, key: tuple[str, str], value: int) -> None:
         self._last[key] = value
         self._last.move_to_end(key)

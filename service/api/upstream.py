@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
+import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -20,6 +21,9 @@ from service.api.errors import openai_error
 from service.api.upstream_client import UpstreamError, UpstreamResponse
 
 __all__ = [
+    "STREAM_CLIENT_GONE",
+    "STREAM_DONE",
+    "STREAM_UPSTREAM_CUT",
     "ClientGone",
     "ProxiedResponse",
     "RelayResponse",
@@ -30,6 +34,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_encode = msgspec.json.Encoder().encode
 
 _HOP_BY_HOP = frozenset(
     {
@@ -53,15 +58,20 @@ class ClientGone(Exception):
 
 
 def forward_headers(
-    raw: Iterable[tuple[bytes, bytes]], authorization: str | None
+    raw: Iterable[tuple[bytes, bytes]], authorization: str | None, *, drop_client_auth: bool
 ) -> list[tuple[bytes, bytes]]:
-    """Request headers for upstream: hop-by-hop and ``X-Tenure-*`` removed, auth replaced."""
+    """Request headers for upstream: hop-by-hop and ``X-Tenure-*`` removed, auth replaced.
+
+    ``drop_client_auth``: the caller's ``Authorization`` is a tenant key of the sidecar's,
+    never the upstream's to see (``authorization`` then replaces it, or nothing does).
+    """
     out = []
+    drop_auth = authorization is not None or drop_client_auth
     for name, value in raw:
         lowered = name.lower()
         if lowered in _HOP_BY_HOP_BYTES or lowered.startswith(b"x-tenure-"):
             continue
-        if authorization is not None and lowered == b"authorization":
+        if drop_auth and lowered == b"authorization":
             continue
         out.append((name, value))
     if authorization is not None:
@@ -198,12 +208,31 @@ async def send_or_disconnect(work: Awaitable[T], receive: Receive) -> T:
     return result
 
 
+#: How a relayed stream ended (``RelayResponse``'s ``on_complete`` argument).
+STREAM_DONE = "done"
+STREAM_CLIENT_GONE = "client_gone"
+STREAM_UPSTREAM_CUT = "upstream_cut"
+
+
+def _stream_error_event(exc: UpstreamError) -> bytes:
+    """The SSE events that end a stream the upstream broke: an OpenAI-style error event (the
+    official clients raise on it), then ``[DONE]``, so no client takes a cut answer for a
+    whole one."""
+    if exc.kind == "timeout":
+        message, code = "the model server stopped sending in time", "upstream_timeout"
+    else:
+        message, code = "the model server ended the stream early", "upstream_unreachable"
+    body = _encode({"error": {"message": message, "type": code, "param": None, "code": code}})
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
+
+
 class RelayResponse(_RelayedHeaders):
     """Stream an upstream response through, chunk by chunk, cancellable by disconnect.
 
     ``on_chunk`` sees every chunk (the proxy scans them for the finish reason);
-    ``on_complete(completed)`` runs once at the end, ``completed`` False when the stream was
-    cut by either side.
+    ``on_complete(outcome, error)`` runs once at the end: :data:`STREAM_DONE`,
+    :data:`STREAM_CLIENT_GONE`, or :data:`STREAM_UPSTREAM_CUT` with the upstream's error (the
+    client was sent an error event and ``[DONE]`` then).
     """
 
     def __init__(
@@ -213,32 +242,35 @@ class RelayResponse(_RelayedHeaders):
         status_code: int,
         headers: list[tuple[bytes, bytes]],
         on_chunk: Callable[[bytes], None] | None = None,
-        on_complete: Callable[[bool], None] | None = None,
+        on_complete: Callable[[str, UpstreamError | None], None] | None = None,
     ) -> None:
         super().__init__(status_code, headers, b"")  # streamed: no content-length
         self._upstream = upstream
         self._on_chunk = on_chunk
         self._on_complete = on_complete
+        self._error: UpstreamError | None = None
 
-    async def _pump(self, send: Send) -> bool:
+    async def _pump(self, send: Send) -> str:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         chunks: AsyncIterator[bytes] = self._upstream.chunks()
-        completed = False
         try:
             async for chunk in chunks:
                 if self._on_chunk is not None:
                     self._on_chunk(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            completed = True
-        except UpstreamError:
-            completed = False  # the upstream died mid-stream; end the body, status is sent
+        except UpstreamError as exc:
+            # The upstream died mid-stream and the status is already sent: say so in the
+            # stream itself.
+            self._error = exc
+            await send({"type": "http.response.body", "body": _stream_error_event(exc)})
+            return STREAM_UPSTREAM_CUT
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return completed
+        return STREAM_DONE
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        completed = False
+        outcome = STREAM_CLIENT_GONE
         pump = asyncio.ensure_future(self._pump(send))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -246,7 +278,7 @@ class RelayResponse(_RelayedHeaders):
             if pump.done():
                 watcher.cancel()
                 with contextlib.suppress(OSError):
-                    completed = pump.result()
+                    outcome = pump.result()
             else:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -259,4 +291,4 @@ class RelayResponse(_RelayedHeaders):
             # and aborts the generation.
             await self._upstream.close()
             if self._on_complete is not None:
-                self._on_complete(completed)
+                self._on_complete(outcome, self._error)

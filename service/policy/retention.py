@@ -9,17 +9,21 @@ break-even ``t1 = beta2 / alpha1`` is about a second), then its host copy is kep
 i.e. forever while the offered suspension rate ``lambda`` stays under what ``C2`` host slots
 absorb at the reference residence ``W_ref`` (Little's law), and ever shorter above it. A
 regime-aware controller picks host-retain or the TTL branch from calibration wait samples by
-their total opportunity cost. The paper used the configured load; :class:`LambdaEstimator`
-estimates it online. Costs are in GPU-seconds, times in seconds, rates per second.
+their opportunity cost in the finite host tier (:mod:`service.policy.host_loss`). The paper
+used the configured load; :class:`LambdaEstimator` (and the other estimators of
+:mod:`service.policy.rate`) estimate it online, and :mod:`service.policy.retention_control`
+re-chooses the branch while load and waits change. Costs are in GPU-seconds, times in seconds,
+rates per second.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from service.policy.rate import SlidingWindowRate
 
 __all__ = [
     "DEFAULT_PRICE",
@@ -28,6 +32,7 @@ __all__ = [
     "RegimeChoice",
     "alpha2",
     "choose_regime",
+    "hold_cost",
     "host_ttl_seconds",
     "lambda_crit",
 ]
@@ -67,10 +72,24 @@ class PriceVector:
 DEFAULT_PRICE = PriceVector(alpha1=0.0176, beta2=0.02, beta3=1.91)
 
 
+#: The sliding-window estimator under its original name (the sidecar's runtime uses it).
+LambdaEstimator = SlidingWindowRate
+
+
+def hold_cost(alpha: float, beta: float, held_s: float) -> float:
+    """Equation 1: ``C_j(l) = alpha_j * l + beta_j`` for ``l`` seconds in state ``j``."""
+    return alpha * held_s + beta
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
 def lambda_crit(c2: float, w_ref_s: float) -> float:
     """Suspension rate at which ``c2`` host slots saturate at residence ``w_ref_s``."""
-    if c2 <= 0 or w_ref_s <= 0:
-        raise ValueError("c2 and w_ref_s must be > 0")
+    _positive("c2", c2)
+    _positive("w_ref_s", w_ref_s)
     return c2 / w_ref_s
 
 
@@ -81,7 +100,7 @@ def alpha2(lam: float, c2: float, w_ref_s: float, beta3: float) -> float:
 
 def host_ttl_seconds(lam: float, price: PriceVector, c2: float, w_ref_s: float) -> float | None:
     """``t2(lambda)``: how long to keep a suspended host copy; ``None`` = indefinitely."""
-    if lam < 0 or not math.isfinite(lam):
+    if not (math.isfinite(lam) and lam >= 0):
         raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
     price_2 = alpha2(lam, c2, w_ref_s, price.beta3)
     if price_2 <= 0:
@@ -101,72 +120,23 @@ class RegimeChoice:
 def choose_regime(
     waits_s: Iterable[float], lam: float, price: PriceVector, c2: float, w_ref_s: float
 ) -> RegimeChoice:
-    """Replay calibration waits under host-retain and ``cpu_ttl(lambda)``; keep the cheaper.
+    """Score the calibration waits under host-retain and ``cpu_ttl(lambda)``; keep the cheaper.
 
-    Retain pays ``alpha2 * w + beta2`` per wait. The TTL branch pays the same while the wait
-    ends before ``t2``, else ``alpha2 * t2 + beta3`` (held until expiry, then recomputed).
-    Without congestion (``alpha2 == 0``) both cost ``beta2`` and retain wins the tie.
+    The two are scored in the finite host tier as a loss system (long-run cost per context,
+    :func:`service.policy.host_loss.steady_state_cost`), not with the mean-field ``alpha2``
+    charge: that charge only derives ``t2`` and, used to score, it prefers expiry whenever the
+    mean residual wait beyond ``t2`` exceeds ``t2`` (memoryless waits included), which the
+    finite-capacity replay refutes. Without congestion both branches keep every copy and
+    retain wins the tie. ``cost_retain`` / ``cost_ttl`` are totals over the samples (GPU-s).
     """
+    from service.policy.retention_control import RetentionModel, branch_costs
+
     waits = [w for w in waits_s if w >= 0 and math.isfinite(w)]
-    price_2 = alpha2(lam, c2, w_ref_s, price.beta3)
     t2 = host_ttl_seconds(lam, price, c2, w_ref_s)
-    cost_retain = sum(price_2 * w + price.beta2 for w in waits)
-    if t2 is None:
-        cost_ttl = cost_retain
-    else:
-        cost_ttl = sum(
-            price_2 * w + price.beta2 if w <= t2 else price_2 * t2 + price.beta3 for w in waits
-        )
-    if t2 is not None and cost_ttl < cost_retain:
-        return RegimeChoice("ttl", t2, cost_retain, cost_ttl, len(waits))
-    return RegimeChoice("retain", None, cost_retain, cost_ttl, len(waits))
-
-
-class LambdaEstimator:
-    """Online estimate of the suspension rate: events in a sliding window over its length.
-
-    Before a full window has elapsed the rate is over the time observed so far (at least
-    ``min_span_s``) so that a cold start does not read as a burst.
-    """
-
-    def __init__(self, window_s: float = 900.0, min_span_s: float = 60.0) -> None:
-        if window_s <= 0 or min_span_s <= 0:
-            raise ValueError("window_s and min_span_s must be > 0")
-        self.window_s = window_s
-        self.min_span_s = min_span_s
-        self._events: deque[float] = deque()
-        self._first: float | None = None
-
-    def observe(self, now: float) -> None:
-        if self._first is None:
-            self._first = now
-        self._events.append(now)
-        self._trim(now)
-
-    def rate(self, now: float) -> float:
-        self._trim(now)
-        if self._first is None:
-            return 0.0
-        span = min(self.window_s, max(self.min_span_s, now - self._first))
-        return len(self._events) / span
-
-    def _trim(self, now: float) -> None:
-        events = self._events
-        while events and events[0] < now - self.window_s:
-            events.popleft()
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "window_s": self.window_s,
-            "min_span_s": self.min_span_s,
-            "events": list(self._events),
-            "first": self._first,
-        }
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> LambdaEstimator:
-        est = cls(float(state.get("window_s", 900.0)), float(state.get("min_span_s", 60.0)))
-        est._events.extend(float(t) for t in state.get("events", []))
-        first = state.get("first")
-        est._first = None if first is None else float(first)
-        return est
+    if not waits:
+        return RegimeChoice("retain", None, 0.0, 0.0, 0)
+    costs = branch_costs(RetentionModel(price, c2, w_ref_s), waits, lam)
+    n = len(waits)
+    if t2 is not None and costs.ttl < costs.retain:
+        return RegimeChoice("ttl", t2, costs.retain * n, costs.ttl * n, n)
+    return RegimeChoice("retain", None, costs.retain * n, costs.ttl * n, n)

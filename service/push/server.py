@@ -11,19 +11,43 @@ The protocol is documented in :mod:`service.push.messages`. This side:
   ``(adapter_id, report_seq)``.
 
 Redis or adapter failures never propagate: the loops log, count, back off and carry on.
+
+Threat model and security (:class:`PushSecurity`). Whoever can connect to the ROUTER receives
+every decision of every tenant (tenant-scoped session ids, their states and wake-ups) and can
+send residency reports that feed ``/metrics``; whoever can pose as the sidecar to an adapter
+can push ``finished`` decisions that reclaim any session's host KV. So:
+
+* ``tcp://`` on a loopback address is open to every local process, ``ipc://PATH`` to who may
+  open the socket file: it is created with ``ipc_mode`` permissions (default 0600, the
+  sidecar's user only; the umask is narrowed around the bind so there is no window);
+* CURVE (``curve_secret_key``): the channel is encrypted and adapters check the sidecar's
+  public key (nobody else can pose as it); with ``client_keys`` only the listed adapter keys
+  may connect (ZAP), and each adapter's label in metrics is the name its key was given;
+* nothing a peer sends is trusted as a label: without CURVE names, adapter ids, tier and
+  eviction-class names are bounded (``service.metrics.LabelBudget``); peers are capped at
+  ``max_adapters``; snapshots per peer are rate-limited (each is the whole decision table);
+  frames over 1 MiB drop the connection.
+
+A non-loopback ``tcp://`` address without CURVE is refused by the settings unless explicitly
+allowed (``TENURE_PUSH_INSECURE``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils import z85
 
 from service.metrics import Metrics
 from service.push.messages import (
@@ -40,7 +64,7 @@ from service.push.messages import (
 from service.state.breaker import StateUnavailable
 from service.state.store import StateStore
 
-__all__ = ["PushServer"]
+__all__ = ["PushSecurity", "PushServer"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +76,45 @@ _TAIL_BLOCK_MS = 1000
 #: decision per proxied request that was a wake-up pair per request). A lone decision still
 #: goes out at once; the next ones wait at most this long.
 _TAIL_COALESCE_S = 0.01
+#: Largest frame a peer may send (reports are a few hundred bytes).
+_MAX_FRAME_BYTES = 1 << 20
+#: Snapshots per peer: a burst of this many, then one per second.
+_SNAPSHOT_BURST = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class PushSecurity:
+    """How the push socket is secured (see the module's threat model)."""
+
+    #: The sidecar's CURVE secret key (Z85); None: no CURVE.
+    curve_secret_key: str | None = None
+    #: Adapter name -> its CURVE public key (Z85): only these may connect.
+    client_keys: Mapping[str, str] = field(default_factory=dict)
+    #: Permissions of an ``ipc://`` socket file.
+    ipc_mode: int = 0o600
+    #: Peers tracked at once.
+    max_adapters: int = 64
+
+    def __repr__(self) -> str:  # never the secret key
+        return (
+            f"PushSecurity(curve={self.curve_secret_key is not None}, "
+            f"clients={sorted(self.client_keys)}, ipc_mode={self.ipc_mode:o})"
+        )
+
+
+class _NamedKeys(AsyncioAuthenticator):
+    """ZAP: CURVE clients must hold one of the configured keys; their User-Id is its name."""
+
+    def __init__(self, context: zmq.asyncio.Context, names: Mapping[str, str]) -> None:
+        super().__init__(context=context)
+        #: Z85 public key (bytes, as the ZAP handler passes it) -> adapter name.
+        self._names = {key.encode(): name for key, name in names.items()}
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self._names
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self._names.get(z85.encode(client_public_key), "unknown")
 
 
 @dataclass(slots=True)
@@ -61,6 +124,16 @@ class _Peer:
     last_heard: float
     last_report_seq: int = -1
     last_applied_seq: int = -1
+    snapshot_tokens: float = _SNAPSHOT_BURST
+    tokens_at: float = 0.0
+
+    def may_snapshot(self, now: float) -> bool:
+        self.snapshot_tokens = min(_SNAPSHOT_BURST, self.snapshot_tokens + (now - self.tokens_at))
+        self.tokens_at = now
+        if self.snapshot_tokens < 1.0:
+            return False
+        self.snapshot_tokens -= 1.0
+        return True
 
 
 class PushServer:
@@ -73,8 +146,11 @@ class PushServer:
         tier_config: Callable[[], TierConfig],
         snapshot_interval_s: float,
         clock: Callable[[], float] = time.time,
+        security: PushSecurity | None = None,
     ) -> None:
         self.addr = addr
+        self.security = security or PushSecurity()
+        self._auth: AsyncioAuthenticator | None = None
         self.store = store
         self.metrics = metrics
         self.tier_config = tier_config
@@ -101,9 +177,14 @@ class PushServer:
         # and we never wait on it either.
         socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         socket.setsockopt(zmq.SNDHWM, 10_000)
+        socket.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME_BYTES)
+        self._secure(socket)
         if self.addr.startswith("tcp://") and self.addr.endswith(":0"):
             port = socket.bind_to_random_port(self.addr.rsplit(":", 1)[0])
             self.bound_addr = f"{self.addr.rsplit(':', 1)[0]}:{port}"
+        elif self.addr.startswith("ipc://") and not self.addr.startswith("ipc://@"):
+            self._bind_ipc(socket, self.addr.removeprefix("ipc://"))
+            self.bound_addr = self.addr
         else:
             socket.bind(self.addr)
             self.bound_addr = self.addr
@@ -114,6 +195,35 @@ class PushServer:
             loop.create_task(self._tail_loop(), name="push-tail"),
             loop.create_task(self._snapshot_loop(), name="push-snapshots"),
         ]
+
+    def _secure(self, socket: zmq.asyncio.Socket) -> None:
+        secret = self.security.curve_secret_key
+        if secret is None:
+            return
+        if self.security.client_keys:
+            names = {key: name for name, key in self.security.client_keys.items()}
+            self._auth = _NamedKeys(self._ctx, names)
+            self._auth.start()
+            self._auth.configure_curve_callback("*", credentials_provider=self._auth)
+        socket.curve_secretkey = secret.encode()
+        socket.curve_publickey = zmq.curve_public(secret.encode())
+        socket.curve_server = True
+
+    def _bind_ipc(self, socket: zmq.asyncio.Socket, path: str) -> None:
+        mode = self.security.ipc_mode
+        directory = os.path.dirname(path)
+        if directory:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a stale socket of an earlier run
+        # The socket file is created with the umask's permissions: narrow it for the bind so
+        # the file is never more open than ``mode``, then set ``mode`` exactly.
+        previous = os.umask(0o777 & ~mode)
+        try:
+            socket.bind(f"ipc://{path}")
+        finally:
+            os.umask(previous)
+        os.chmod(path, mode)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -127,6 +237,9 @@ class PushServer:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         self._ctx.term()
 
     # --- outbound ----------------------------------------------------------------------------
@@ -180,7 +293,7 @@ class PushServer:
         assert self._socket is not None
         while not self._stopping:
             try:
-                frames = await self._socket.recv_multipart()
+                frames = await self._socket.recv_multipart(copy=False)
             except zmq.ZMQError as exc:
                 log.warning("push receive failed: %s", exc)
                 await asyncio.sleep(0.1)
@@ -188,51 +301,76 @@ class PushServer:
             if len(frames) != 2:
                 self.metrics.push_bad_frames.inc()
                 continue
-            identity, frame = frames
+            identity, frame = frames[0].bytes, frames[1]
             try:
-                message = decode(frame)
+                message = decode(frame.bytes)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 self.metrics.push_bad_frames.inc()
                 continue
             try:
-                await self._handle(identity, message)
+                await self._handle(identity, message, self._authenticated(frame))
             except Exception:  # one bad peer must not stop the channel
                 log.exception("push message handling failed")
 
-    async def _handle(self, identity: bytes, message: Message) -> None:
+    def _authenticated(self, frame: Any) -> str | None:
+        """The name the sender's CURVE key was given (ZAP), or None without an allow-list."""
+        if self._auth is None:
+            return None
+        with contextlib.suppress(zmq.ZMQError, KeyError):
+            return str(frame.get("User-Id"))
+        return None
+
+    async def _handle(self, identity: bytes, message: Message, name: str | None = None) -> None:
+        """One inbound message; ``name`` is the sender's authenticated name, if any. Without
+        one, a peer is labelled by the id it sent first (through the metrics' bounded label
+        budget), and a later message claiming another id changes nothing."""
         now = self.clock()
+        claimed = getattr(message, "adapter_id", "")
+        label = name or (claimed if isinstance(claimed, str) else "")
         if isinstance(message, Hello):
             self.metrics.push_messages.labels("in", "hello").inc()
-            peer = self._peers.get(identity)
+            peer = self._touch(identity, label, now)
             if peer is None:
-                peer = self._peers[identity] = _Peer(identity, message.adapter_id, now)
-            peer.last_heard = now
+                return
             peer.last_applied_seq = message.last_seq
-            self.metrics.push_adapters.set(len(self._peers))
-            await self.send_snapshot(identity)
+            if peer.may_snapshot(now):
+                await self.send_snapshot(identity)
         elif isinstance(message, ResyncRequest):
             self.metrics.push_messages.labels("in", "resync").inc()
+            peer = self._touch(identity, label, now)
+            if peer is None:
+                return
             self.metrics.push_resyncs.inc()
-            self._touch(identity, message.adapter_id, now)
-            await self.send_snapshot(identity)
+            if peer.may_snapshot(now):
+                await self.send_snapshot(identity)
         elif isinstance(message, ResidencyReport):
             self.metrics.push_messages.labels("in", "residency").inc()
-            peer = self._touch(identity, message.adapter_id, now)
+            peer = self._touch(identity, label, now)
+            if peer is None:
+                return
             if message.report_seq <= peer.last_report_seq:
                 return  # a duplicate (or a replay): its deltas were counted already
             peer.last_report_seq = message.report_seq
             peer.last_applied_seq = message.last_applied_seq
-            self.metrics.record_residency(message)
+            self.metrics.record_counters(message)
+            self.metrics.record_gauges(message, peer.adapter_id)
             behind = max(0, self.last_sent_seq - message.last_applied_seq)
-            self.metrics.push_seq_behind.labels(message.adapter_id).set(behind)
+            self.metrics.push_seq_behind.labels(peer.adapter_id).set(behind)
         else:
             self.metrics.push_bad_frames.inc()  # adapters never send decisions or snapshots
 
-    def _touch(self, identity: bytes, adapter_id: str, now: float) -> _Peer:
+    def _touch(self, identity: bytes, label: str, now: float) -> _Peer | None:
+        """The peer, adopted if new (a report from an adapter we forgot, or from before our
+        restart); None when ``max_adapters`` peers are tracked already."""
         peer = self._peers.get(identity)
         if peer is None:
-            # A report from an adapter we forgot (or from before our restart): adopt it.
-            peer = self._peers[identity] = _Peer(identity, adapter_id, now)
+            if len(self._peers) >= self.security.max_adapters:
+                self._forget_silent()
+            if len(self._peers) >= self.security.max_adapters:
+                self.metrics.push_refused_peers.inc()
+                return None
+            adapter = label if self._auth is not None else self.metrics.adapter_label(label)
+            peer = self._peers[identity] = _Peer(identity, adapter, now, tokens_at=now)
             self.metrics.push_adapters.set(len(self._peers))
         peer.last_heard = now
         return peer

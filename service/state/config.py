@@ -47,12 +47,29 @@ class PriceConfig(BaseModel):
         return PriceVector(self.alpha1_gpu_s_per_s, self.beta2_gpu_s, self.beta3_gpu_s)
 
 
+def _absent() -> Any:
+    """The default of a patch field: absent. ``exclude_unset`` drops it from the merge, and
+    a factory's default is neither validated nor shown in the schema (it is not null)."""
+    return None
+
+
+def _not_null(value: object, field: str) -> object:
+    if value is None:
+        raise ValueError(f"{field} cannot be null; leave it out to keep the current value")
+    return value
+
+
 class PricePatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    alpha1_gpu_s_per_s: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
-    beta2_gpu_s: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
-    beta3_gpu_s: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    alpha1_gpu_s_per_s: float = Field(default_factory=_absent, gt=0, le=1e6, allow_inf_nan=False)
+    beta2_gpu_s: float = Field(default_factory=_absent, ge=0, le=1e6, allow_inf_nan=False)
+    beta3_gpu_s: float = Field(default_factory=_absent, ge=0, le=1e6, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _present(cls, value: object, info: ValidationInfo) -> object:
+        return _not_null(value, str(info.field_name))
 
 
 def _check_policy(value: str) -> str:
@@ -122,18 +139,27 @@ class RuntimeConfig(BaseModel):
 
 
 class ConfigPatch(BaseModel):
-    """A partial update: only the fields present change."""
+    """A partial update: only the fields present change. No field takes null except
+    ``lambda_fixed_per_s`` (null clears a fixed rate); the schema says exactly that."""
 
     model_config = ConfigDict(extra="forbid")
 
-    policy_mode: str | None = None
-    host_capacity_bytes: dict[str, int] | None = Field(default=None, max_length=16)
-    host_slots: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    w_ref_s: float | None = Field(default=None, gt=0, le=30 * 86400, allow_inf_nan=False)
-    lambda_mode: Literal["auto", "fixed"] | None = None
+    policy_mode: str = Field(default_factory=_absent)
+    host_capacity_bytes: dict[str, int] = Field(default_factory=_absent, max_length=16)
+    host_slots: float = Field(default_factory=_absent, gt=0, le=1e9, allow_inf_nan=False)
+    w_ref_s: float = Field(default_factory=_absent, gt=0, le=30 * 86400, allow_inf_nan=False)
+    lambda_mode: Literal["auto", "fixed"] = Field(default_factory=_absent)
     lambda_fixed_per_s: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
-    price: PricePatch | None = None
-    overdue_slack_s: float | None = Field(default=None, ge=0, le=86400, allow_inf_nan=False)
+    price: PricePatch = Field(default_factory=_absent)
+    overdue_slack_s: float = Field(default_factory=_absent, ge=0, le=86400, allow_inf_nan=False)
+
+    @field_validator(
+        "policy_mode", "host_capacity_bytes", "host_slots", "w_ref_s", "lambda_mode", "price",
+        "overdue_slack_s", mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _present(cls, value: object, info: ValidationInfo) -> object:
+        return _not_null(value, str(info.field_name))
 
     @field_validator("policy_mode")
     @classmethod

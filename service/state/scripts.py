@@ -29,7 +29,14 @@ key prefix the caller built, because the id is only known inside the script.
 
 from __future__ import annotations
 
-__all__ = ["APPLY", "TURN_START"]
+__all__ = ["APPLY", "INFERENCE_KEYS_PER_SESSION", "ROLLBACK", "TURN_START", "UNDO_SEPARATOR"]
+
+#: Prefix-hash keys kept per inferred session (its newest requests): the next turn finds the
+#: newest, a retried or forked turn one of the few before it. Older ones are deleted, so Redis
+#: holds a bounded number per session instead of one per inferred turn.
+INFERENCE_KEYS_PER_SESSION = 4
+#: Separates the fields of a record's ``undo`` entry (never in ids, numbers or JSON text).
+UNDO_SEPARATOR = "\x1f"
 
 # Shared tail: publish one decision. ``body`` is the decision's JSON with ``seq`` left out:
 # ``head`` ends just before the value, ``tail`` starts just after it.
@@ -66,6 +73,12 @@ end
 #:       12 decision JSON (seq/turn/session filled here)
 #: Returns: {session id, turn, previous state, gap observation entry or '', seq, inferred 0/1}
 #: (an observation entry is 'stop_reason|tool|gap_s|expected_s', as in the gap log)
+#:
+#: The record's ``undo`` field keeps what this turn changed (fields joined by
+#: UNDO_SEPARATOR: turn, previous state, last_activity, last_turn, suspended_at, wakeup_at,
+#: host_ttl_s, live score, remaining ttl ms, 'g'/'w'/'' for the list an observation went to,
+#: that entry, '1' if a decision was published, the session's previous decision JSON), so
+#: ROLLBACK can take back a turn the upstream refused.
 TURN_START = (
     _PUBLISH
     + """
@@ -85,10 +98,11 @@ local ttl = tonumber(ARGV[9])
 local listmax = tonumber(ARGV[11]) - 1
 local prev = redis.call('HMGET', skey, 'state', 'turn', 'last_end', 'stop_reason', 'tool',
                         'expected_gap_s', 'suspended_at', 'parent', 'created_at', 'segments',
-                        'version', 'wakeup_at', 'host_ttl_s')
+                        'version', 'wakeup_at', 'host_ttl_s', 'last_activity', 'last_turn', 'px')
 local prev_state = prev[1] or ''
 local turn = tonumber(prev[2] or '0') + 1
 local observed = ''
+local listed, entry = '', ''
 if prev_state == 'idle' and prev[3] then
   local gap = now - tonumber(prev[3])
   if gap < 0 then gap = 0 end
@@ -96,12 +110,17 @@ if prev_state == 'idle' and prev[3] then
              .. '|' .. (prev[6] or '')
   redis.call('LPUSH', KEYS[6], observed)
   redis.call('LTRIM', KEYS[6], 0, listmax)
+  listed, entry = 'g', observed
 elseif prev_state == 'suspended' and prev[7] then
   local wait = now - tonumber(prev[7])
   if wait < 0 then wait = 0 end
-  redis.call('LPUSH', KEYS[7], string.format('%.6f', wait))
+  entry = string.format('%.6f', wait)
+  redis.call('LPUSH', KEYS[7], entry)
   redis.call('LTRIM', KEYS[7], 0, listmax)
+  listed = 'w'
 end
+local score = redis.call('ZSCORE', KEYS[1], sid)
+local pttl = redis.call('PTTL', skey)
 local fields = {'state', 'active', 'turn', turn, 'last_activity', ARGV[1],
                 'last_turn', ARGV[8], 'id', sid, 'version', tonumber(prev[11] or '0') + 1}
 if not prev[9] then
@@ -128,6 +147,33 @@ if seg ~= '' then
     end
   end
 end
+if inferred == 1 and #KEYS >= 8 then
+  -- Keep the newest few prefix keys of the session; delete the one that falls off.
+  local kept = {}
+  local px = prev[16] or ''
+  for name in string.gmatch(px, '%S+') do
+    if name ~= KEYS[8] then table.insert(kept, name) end
+  end
+  table.insert(kept, KEYS[8])
+  while #kept > """
+    + str(INFERENCE_KEYS_PER_SESSION)
+    + """ do
+    redis.call('DEL', table.remove(kept, 1))
+  end
+  table.insert(fields, 'px'); table.insert(fields, table.concat(kept, ' '))
+end
+-- The engine sees an arriving request itself, so "active" only needs publishing when it
+-- changes what the adapter holds: a new session, or one leaving suspension (its host TTL
+-- timer) or finish. A declared last turn is published when the turn ends, and only if the
+-- upstream took the request.
+local publishing = prev_state ~= 'idle' and prev_state ~= 'active'
+local before = ''
+if publishing then before = redis.call('HGET', KEYS[4], ARGV[5] .. sid) or '' end
+local US = '\\31'
+table.insert(fields, 'undo')
+table.insert(fields, table.concat({turn, prev_state, prev[14] or '', prev[15] or '',
+  prev[7] or '', prev[12] or '', prev[13] or '', score or '', pttl, listed, entry,
+  publishing and '1' or '', before}, US))
 redis.call('HSET', skey, unpack(fields))
 if prev[7] or prev[12] or prev[13] then
   redis.call('HDEL', skey, 'suspended_at', 'wakeup_at', 'host_ttl_s')
@@ -137,11 +183,8 @@ redis.call('ZADD', KEYS[1], now, sid)
 if inferred == 1 and #KEYS >= 8 then
   redis.call('SET', KEYS[8], sid, 'EX', ttl)
 end
--- The engine sees an arriving request itself, so "active" only needs publishing when it
--- changes what the adapter holds: a new session, one leaving suspension (its host TTL timer)
--- or finish, or a declared last turn.
 local seq = 0
-if prev_state ~= 'idle' and prev_state ~= 'active' or ARGV[8] == '1' then
+if publishing then
   local d = cjson.decode(ARGV[12])
   d['session_id'] = ARGV[5] .. sid
   d['turn'] = turn
@@ -203,6 +246,71 @@ local seq = 0
 if ARGV[7] ~= '' then
   seq = publish(ARGV[7], ARGV[8], ARGV[6], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
                 tonumber(ARGV[9]), now + ttl, now)
+end
+return {1, seq}
+"""
+)
+
+#: KEYS: 1 session, 2 live index, 3 dseq, 4 decisions stream, 5 decision table, 6 table gc,
+#:       7 gap observations, 8 waits
+#: ARGV: 1 now, 2 the turn to take back, 3 session id, 4 scoped id, 5 stream maxlen
+#: Returns: {status, seq}: 1 taken back, 0 not the session's current turn any more (another
+#: turn started, or the turn already ended), -1 missing
+#:
+#: Puts back what TURN_START changed (its ``undo`` entry): the turn count, state, activity
+#: and wake-up fields, the live-index score and expiry; drops the gap or wait sample the
+#: turn added if it is still the newest; and, if the turn published "active", publishes the
+#: session's previous decision again (a new session's entry is dropped from the table). A new
+#: session stays known, as "idle" with no turns.
+ROLLBACK = (
+    _PUBLISH
+    + """
+local now = tonumber(ARGV[1])
+local cur = redis.call('HMGET', KEYS[1], 'turn', 'state', 'undo')
+if not cur[1] then return {-1, 0} end
+if cur[1] ~= ARGV[2] or cur[2] ~= 'active' or not cur[3] then return {0, 0} end
+local u = {}
+for part in string.gmatch(cur[3] .. '\\31', '([^\\31]*)\\31') do table.insert(u, part) end
+if u[1] ~= ARGV[2] or #u < 12 then return {0, 0} end
+local state = u[2]
+if state == '' then state = 'idle' end
+local fields = {'state', state, 'turn', tonumber(ARGV[2]) - 1,
+                'last_turn', u[4] ~= '' and u[4] or '0'}
+local gone = {'undo'}
+local restore = {{'last_activity', 3}, {'suspended_at', 5}, {'wakeup_at', 6}, {'host_ttl_s', 7}}
+for _, item in ipairs(restore) do
+  local value = u[item[2]]
+  if value ~= '' then
+    table.insert(fields, item[1]); table.insert(fields, value)
+  elseif item[1] ~= 'last_activity' then
+    table.insert(gone, item[1])
+  end
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('HDEL', KEYS[1], unpack(gone))
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+if u[8] ~= '' then
+  redis.call('ZADD', KEYS[2], u[8], ARGV[3])
+elseif u[2] == 'finished' then
+  redis.call('ZREM', KEYS[2], ARGV[3])
+end
+local pttl = tonumber(u[9])
+if pttl and pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
+local list = nil
+if u[10] == 'g' then list = KEYS[7] elseif u[10] == 'w' then list = KEYS[8] end
+if list and redis.call('LINDEX', list, 0) == u[11] then redis.call('LPOP', list) end
+local seq = 0
+if u[12] == '1' then
+  local before = u[13] or ''
+  local a, b = string.find(before, '"seq":%d+')
+  if a then
+    local gc_at = now + math.max(pttl or 0, 0) / 1000
+    seq = publish(string.sub(before, 1, a + 5), string.sub(before, b + 1), ARGV[4], KEYS[3],
+                  KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[5]), gc_at, now)
+  else
+    redis.call('HDEL', KEYS[5], ARGV[4])
+    redis.call('ZREM', KEYS[6], ARGV[4])
+  end
 end
 return {1, seq}
 """

@@ -157,6 +157,7 @@ class StateStore:
         self.limits = limits or StoreLimits()
         self._turn_start: AsyncScript = client.register_script(scripts.TURN_START)
         self._apply: AsyncScript = client.register_script(scripts.APPLY)
+        self._rollback: AsyncScript = client.register_script(scripts.ROLLBACK)
         # The two hot-path scripts: over one pipelined connection where the URL allows (plain
         # TCP), else through redis-py with same-iteration calls coalesced.
         fast = MultiplexedScripts.for_client(client) if multiplex else None
@@ -224,6 +225,35 @@ class StateStore:
             seq=int(seq),
             inferred=bool(int(inferred)),
         )
+
+    async def rollback_turn(
+        self, tenant: str, session: str, turn: int, *, now: float
+    ) -> tuple[int, int]:
+        """Take back turn ``turn`` (the upstream refused it); ``(status, seq)`` as ROLLBACK.
+
+        Only the session's current, still active turn is taken back: if another turn started
+        meanwhile, nothing changes (status 0) and the failed turn stays counted.
+        """
+        k = self.keys
+        keys = [
+            k.session(tenant, session),
+            k.live(tenant),
+            k.decision_seq,
+            k.decisions,
+            k.decision_table,
+            k.decision_gc,
+            k.gap_observations(tenant),
+            k.waits,
+        ]
+        args = [
+            repr(now),
+            str(turn),
+            session,
+            scoped_session_id(tenant, session),
+            str(self.limits.decision_stream_maxlen),
+        ]
+        raw = await self._call("rollback", lambda: self._scripts.call(self._rollback, keys, args))
+        return int(raw[0]), int(raw[1])
 
     # --- guarded updates ----------------------------------------------------------------------
 

@@ -177,7 +177,7 @@ def test_probes_hit_a_real_sidecar_route(
     from service.app import create_app
     from service.settings import load_settings
 
-    app = create_app(load_settings(admin_token="t", push_addr=""))
+    app = create_app(load_settings(admin_token="deploy-test-token", push_addr=""))
     paths = {getattr(route, "path", None) for route in app.routes}
     sidecar = _container(manifests[("Deployment", "tenure")])
     for probe in ("readinessProbe", "livenessProbe"):

@@ -55,7 +55,10 @@ def sidecar_port(redis_url: str) -> Iterator[int]:
     from service.settings import load_settings
 
     settings = load_settings(
-        redis_url=redis_url, upstream_url="http://engine.test", admin_token="t", push_addr=""
+        redis_url=redis_url,
+        upstream_url="http://engine.test",
+        admin_token="deploy-test-token",
+        push_addr="",
     )
     app = create_app(settings, upstream_transport=httpx.MockTransport(_engine))
     port = free_port()

@@ -5,6 +5,8 @@ It records every request it receives (headers and JSON body) and behaves by mode
 * ``echo`` (default): a completion with ``finish_reason`` ``stop``;
 * ``tool``: ``finish_reason`` ``tool_calls`` with a tool call to ``run_tests``;
 * ``error``: 400 with an OpenAI error body (kept as is by the proxy);
+* ``missing``: 404 with an OpenAI error body (vLLM's answer for an unknown model);
+* ``die``: streams one chunk, then the server fails and drops the connection mid-answer;
 * ``slow``: answers after ``slow_s`` seconds (upstream timeouts);
 * ``hang``: streams one chunk (or, not streaming, nothing), then waits until the client goes
   away (records the cancellation).
@@ -70,6 +72,10 @@ class FakeUpstream:
         if model == "error":
             await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})
             return
+        if model == "missing":
+            message = {"message": "The model `missing` does not exist.", "type": "NotFoundError"}
+            await _json(send, 404, {"error": message, "code": 404})
+            return
         if model == "slow":
             await asyncio.sleep(self.slow_s)
         finish = "tool_calls" if model == "tool" else "stop"
@@ -105,6 +111,9 @@ class FakeUpstream:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
+        if model == "die":
+            await send({"type": "http.response.body", "body": _sse({"n": 0}), "more_body": True})
+            raise RuntimeError("the engine died mid-stream")  # uvicorn drops the connection
         if model == "hang":
             await send({"type": "http.response.body", "body": _sse({"n": 0}), "more_body": True})
             while True:

@@ -1,0 +1,466 @@
+"""The host-retention controllers: the seed's one-shot one and Tenure's online one.
+
+Both choose, for a suspended context's host copy, between two branches (seed 002, 3.4):
+``retain`` (keep until resume) and ``ttl`` (discard after ``t2(lambda)``, the load-indexed
+timer of :func:`~service.policy.retention.host_ttl_seconds`), by scoring a sample of approval
+waits under each in the finite host tier (:mod:`service.policy.host_loss`).
+
+* :class:`OneShotController` is the seed's: a configured ``lambda`` and one calibration sample,
+  scored once (by replaying the sample as a finite episode, as the seed does); the branch is
+  frozen; ``t2`` follows whatever ``lambda`` the caller passes (configured, or an online
+  estimate).
+* :class:`OnlineController` is Tenure's: ``lambda`` estimated from the suspension stream (or
+  pinned), waits re-collected from observed resumes (the last ``window`` suspensions, those not
+  back yet kept as censored observations: see :class:`~service.policy.waits.SuspensionCohort`),
+  and the branch re-chosen every ``period_s`` with hysteresis (the challenger must be cheaper
+  by ``margin``) so it does not flap on sampling noise.
+
+Pure: no I/O, no clock; time is an argument and state round-trips through ``to_state``. Every
+choice is a :class:`RetentionDecision` carrying its reason, which the sidecar logs and counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from service.policy.host_loss import episode_cost, poisson_arrivals, steady_state_cost
+from service.policy.rate import (
+    RateEstimator,
+    rate_estimator,
+    rate_estimator_from_state,
+    rate_lower_bound,
+)
+from service.policy.retention import PriceVector, host_ttl_seconds, lambda_crit
+from service.policy.waits import SuspensionCohort, WaitWindow
+
+__all__ = [
+    "EVALUATORS",
+    "Branch",
+    "BranchCosts",
+    "OneShotController",
+    "OnlineController",
+    "OnlineSettings",
+    "RetentionDecision",
+    "RetentionModel",
+    "branch_costs",
+    "rechoose_branch",
+]
+
+Branch = Literal["retain", "ttl"]
+Evaluator = Literal["steady", "episode"]
+EVALUATORS: tuple[Evaluator, ...] = ("steady", "episode")
+
+
+def _check_lambda(lam: float) -> float:
+    if isinstance(lam, bool) or not (isinstance(lam, int | float) and math.isfinite(lam)):
+        raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
+    if lam < 0:
+        raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
+    return float(lam)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionModel:
+    """What the TTL decision is priced with: price vector, host slots ``C2``, ``W_ref``.
+
+    Stricter than :class:`PriceVector` on its own: a zero recompute cost ``beta3`` would make
+    every timer zero, so it is refused here (``beta2 = 0`` is allowed: the seed's own
+    sensitivity case, a host restore fully hidden behind DMA).
+    """
+
+    price: PriceVector
+    c2: float
+    w_ref_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.price.beta3 > 0):
+            raise ValueError(f"beta3 must be > 0, got {self.price.beta3!r}")
+        lambda_crit(self.c2, self.w_ref_s)  # names c2 / w_ref_s when either is bad
+        if self.c2 < 1:
+            raise ValueError(f"c2 must be >= 1 host slot, got {self.c2!r}")
+
+    @property
+    def slots(self) -> int:
+        return int(self.c2)
+
+    @property
+    def lambda_crit(self) -> float:
+        return lambda_crit(self.c2, self.w_ref_s)
+
+    def t2(self, lam: float) -> float | None:
+        return host_ttl_seconds(_check_lambda(lam), self.price, self.c2, self.w_ref_s)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchCosts:
+    """Mean GPU-s per suspended context under each branch, on one wait sample."""
+
+    retain: float
+    ttl: float
+    t2: float | None
+    lam: float
+    samples: int
+    evaluator: Evaluator
+
+    def cost(self, branch: Branch) -> float:
+        return self.retain if branch == "retain" else self.ttl
+
+
+def _clean_waits(waits_s: Sequence[float]) -> list[float]:
+    waits = [float(w) for w in waits_s if math.isfinite(w) and w >= 0]
+    if not waits:
+        raise ValueError("waits_s (calibration samples) must hold at least one wait >= 0")
+    return waits
+
+
+def branch_costs(
+    model: RetentionModel,
+    waits_s: Sequence[float],
+    lam: float,
+    *,
+    evaluator: Evaluator = "steady",
+    seed: int = 0,
+) -> BranchCosts:
+    """Score ``retain`` and ``ttl`` (``t2(lam)``) on ``waits_s`` at suspension rate ``lam``.
+
+    ``steady``: the long-run cost in the loss system (what a long-running deployment pays).
+    ``episode``: the seed's calibration replay: the waits, in order, arrive as a Poisson stream
+    at ``lam`` (seeded) into an empty tier.
+    """
+    if evaluator not in EVALUATORS:
+        raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
+    waits = _clean_waits(waits_s)
+    lam = _check_lambda(lam)
+    t2 = model.t2(lam)
+    if evaluator == "steady":
+        retain = steady_state_cost(waits, lam, None, model.slots, model.price)
+        ttl = retain if t2 is None else steady_state_cost(waits, lam, t2, model.slots, model.price)
+    else:
+        if lam == 0:
+            # No arrivals to congest the tier: every copy is kept and resumed from host.
+            retain = ttl = model.price.beta2
+        else:
+            arrivals = poisson_arrivals(len(waits), lam, seed)
+            retain = episode_cost(arrivals, waits, None, model.slots, model.price).cost
+            ttl = (
+                retain
+                if t2 is None
+                else episode_cost(arrivals, waits, t2, model.slots, model.price).cost
+            )
+    return BranchCosts(retain, ttl, t2, lam, len(waits), evaluator)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionDecision:
+    """One (re)choice of the host branch and why."""
+
+    at: float
+    branch: Branch
+    lam: float
+    lam_source: Literal["configured", "estimated", "pinned"]
+    lambda_crit: float
+    host_ttl_s: float | None
+    cost_retain: float | None
+    cost_ttl: float | None
+    samples: int
+    changed: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pct(new: float, old: float) -> str:
+    return f"{(new - old) / old * 100:+.1f}%" if old > 0 else "n/a"
+
+
+def rechoose_branch(
+    model: RetentionModel,
+    waits_s: Sequence[float],
+    lam: float,
+    current: Branch,
+    *,
+    now: float,
+    margin: float = 0.02,
+    min_samples: int = 1,
+    evaluator: Evaluator = "steady",
+    lam_source: Literal["configured", "estimated", "pinned"] = "estimated",
+    seed: int = 0,
+) -> RetentionDecision:
+    """Keep ``current`` unless the other branch is cheaper by more than ``margin`` (relative).
+
+    The stateless step the online controller (and the sidecar, with waits and lambda from
+    Redis) calls each period.
+    """
+    if not (math.isfinite(margin) and 0 <= margin < 1):
+        raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+    lam = _check_lambda(lam)
+    crit = model.lambda_crit
+    waits = [float(w) for w in waits_s if math.isfinite(w) and w >= 0]
+
+    def keep(reason: str, costs: BranchCosts | None = None) -> RetentionDecision:
+        ttl = model.t2(lam) if current == "ttl" else None
+        return RetentionDecision(
+            now,
+            current,
+            lam,
+            lam_source,
+            crit,
+            ttl,
+            None if costs is None else costs.retain,
+            None if costs is None else costs.ttl,
+            len(waits),
+            False,
+            reason,
+        )
+
+    if lam <= crit:
+        return keep(
+            f"uncongested: lambda {lam:.4g}/s <= lambda_crit {crit:.4g}/s, both branches keep "
+            f"every host copy; staying on {current}"
+        )
+    if len(waits) < max(1, min_samples):
+        return keep(f"{len(waits)} observed waits < {min_samples} needed; staying on {current}")
+    costs = branch_costs(model, waits, lam, evaluator=evaluator, seed=seed)
+    other: Branch = "ttl" if current == "retain" else "retain"
+    mine, theirs = costs.cost(current), costs.cost(other)
+    detail = (
+        f"at lambda {lam:.4g}/s ({lam / crit:.2f} x lambda_crit), t2 {costs.t2:.0f} s, "
+        f"{costs.samples} waits ({evaluator}): retain {costs.retain:.4f}, "
+        f"ttl {costs.ttl:.4f} GPU-s/context"
+    )
+    if theirs < mine * (1 - margin):
+        ttl = costs.t2 if other == "ttl" else None
+        return RetentionDecision(
+            now,
+            other,
+            lam,
+            lam_source,
+            crit,
+            ttl,
+            costs.retain,
+            costs.ttl,
+            costs.samples,
+            True,
+            f"switched {current} -> {other} ({_pct(theirs, mine)}) {detail}",
+        )
+    why = (
+        f"{other} costs {_pct(theirs, mine)} more"
+        if theirs >= mine
+        else f"{other} {_pct(theirs, mine)} is within the {margin:.0%} margin"
+    )
+    return keep(f"kept {current}: {why}; {detail}", costs)
+
+
+class OneShotController:
+    """The seed's controller: configured ``lambda``, one calibration sample, branch frozen."""
+
+    def __init__(
+        self,
+        model: RetentionModel,
+        *,
+        lam: float,
+        calibration_waits_s: Sequence[float],
+        calibration_lam: float | None = None,
+        evaluator: Evaluator = "episode",
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.lam = _check_lambda(lam)
+        at_lam = self.lam if calibration_lam is None else _check_lambda(calibration_lam)
+        costs = branch_costs(
+            model, _clean_waits(calibration_waits_s), at_lam, evaluator=evaluator, seed=seed
+        )
+        # Retain wins ties (identical below lambda_crit): the seed's default branch.
+        self.branch: Branch = "ttl" if costs.ttl < costs.retain else "retain"
+        self.decision = RetentionDecision(
+            0.0,
+            self.branch,
+            self.lam,
+            "configured",
+            model.lambda_crit,
+            model.t2(self.lam) if self.branch == "ttl" else None,
+            costs.retain,
+            costs.ttl,
+            costs.samples,
+            True,
+            f"calibrated once at lambda {at_lam:.4g}/s on {costs.samples} waits ({evaluator}): "
+            f"retain {costs.retain:.4f}, ttl {costs.ttl:.4f} GPU-s/context -> {self.branch}",
+        )
+
+    def host_ttl(self, lam: float | None = None) -> float | None:
+        """The timer for a context suspending now: ``t2(lam)`` on the ttl branch, else none."""
+        if self.branch == "retain":
+            return None
+        return self.model.t2(self.lam if lam is None else lam)
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineSettings:
+    """Knobs of the online controller (defaults: the drift experiment's choice)."""
+
+    #: Rate estimator spec (:func:`service.policy.rate.rate_estimator`).
+    estimator: str = "changepoint:300"
+    #: Re-choose the branch this often (seconds).
+    period_s: float = 900.0
+    #: The challenger must be cheaper by this fraction to take over.
+    margin: float = 0.05
+    #: Observed waits needed before the first re-choice.
+    min_samples: int = 200
+    #: Suspensions (and observed waits) kept, the newest.
+    window: int = 2000
+    #: Score the recent suspensions with the pending ones as censored waits (else: only the
+    #: waits of observed resumes, which read short after a change).
+    censored: bool = True
+    evaluator: Evaluator = "steady"
+    initial_branch: Branch = "retain"
+    #: An SRE-pinned lambda (suspensions/s) instead of the estimate.
+    pinned_lambda: float | None = None
+    #: Price with the estimate this many standard errors low (0: the estimate itself): a
+    #: timer too short costs far more than one a little too long.
+    lambda_z: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("period_s",):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not (math.isfinite(self.margin) and 0 <= self.margin < 1):
+            raise ValueError(f"margin must be in [0, 1), got {self.margin!r}")
+        if self.min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {self.min_samples!r}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window!r}")
+        if self.evaluator not in EVALUATORS:
+            raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}")
+        if self.initial_branch not in ("retain", "ttl"):
+            raise ValueError("initial_branch must be 'retain' or 'ttl'")
+        if self.pinned_lambda is not None:
+            _check_lambda(self.pinned_lambda)
+        if not (math.isfinite(self.lambda_z) and self.lambda_z >= 0):
+            raise ValueError(f"lambda_z must be a finite number >= 0, got {self.lambda_z!r}")
+        rate_estimator(self.estimator)  # names a bad spec now, not at the first event
+
+
+@dataclass
+class OnlineController:
+    """Tenure's online controller; feed it events, ask it for timers and periodic decisions."""
+
+    model: RetentionModel
+    settings: OnlineSettings = field(default_factory=OnlineSettings)
+    estimator: RateEstimator | None = None
+    waits: WaitWindow | None = None
+    cohort: SuspensionCohort | None = None
+    branch: Branch | None = None
+    last_decision_at: float | None = None
+    decisions: int = 0
+    switches: int = 0
+
+    def __post_init__(self) -> None:
+        if self.estimator is None:
+            self.estimator = rate_estimator(self.settings.estimator)
+        if self.waits is None:
+            self.waits = WaitWindow(self.settings.window)
+        if self.cohort is None:
+            self.cohort = SuspensionCohort(self.settings.window)
+        if self.branch is None:
+            self.branch = self.settings.initial_branch
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def observe_suspension(self, now: float) -> None:
+        assert self.estimator is not None and self.cohort is not None
+        self.estimator.observe(now)
+        self.cohort.suspend(now)
+
+    def observe_resume(self, now: float, wait_s: float) -> None:
+        assert self.waits is not None and self.cohort is not None
+        if self.waits.observe(wait_s):
+            self.cohort.resume(now, wait_s)
+
+    def sample(self, now: float) -> list[float]:
+        """The waits the next re-choice scores."""
+        assert self.waits is not None and self.cohort is not None
+        observed = self.waits.samples()
+        if self.settings.censored and len(self.cohort) >= self.settings.min_samples:
+            return self.cohort.sample(now, observed, self.model.w_ref_s, seed=self.decisions)
+        return observed
+
+    # --- outputs --------------------------------------------------------------------------
+
+    def lam(self, now: float) -> tuple[float, Literal["estimated", "pinned"]]:
+        if self.settings.pinned_lambda is not None:
+            return self.settings.pinned_lambda, "pinned"
+        assert self.estimator is not None
+        return rate_lower_bound(self.estimator, now, self.settings.lambda_z), "estimated"
+
+    def host_ttl(self, now: float) -> float | None:
+        """The timer for a context suspending at ``now`` (``None``: keep until resume)."""
+        if self.branch != "ttl":
+            return None
+        lam, _ = self.lam(now)
+        return self.model.t2(lam)
+
+    def due(self, now: float) -> bool:
+        last = self.last_decision_at
+        return last is None or now - last >= self.settings.period_s
+
+    def decide(self, now: float) -> RetentionDecision:
+        """Re-choose the branch now (the caller calls this when :meth:`due`)."""
+        assert self.branch is not None
+        lam, source = self.lam(now)
+        decision = rechoose_branch(
+            self.model,
+            self.sample(now),
+            lam,
+            self.branch,
+            now=now,
+            margin=self.settings.margin,
+            min_samples=self.settings.min_samples,
+            evaluator=self.settings.evaluator,
+            lam_source=source,
+            seed=self.decisions,
+        )
+        self.branch = decision.branch
+        self.last_decision_at = now
+        self.decisions += 1
+        self.switches += int(decision.changed)
+        return decision
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        assert self.estimator is not None and self.waits is not None
+        assert self.cohort is not None
+        return {
+            "estimator": self.estimator.to_state(),
+            "waits": self.waits.to_state(),
+            "cohort": self.cohort.to_state(),
+            "branch": self.branch,
+            "last_decision_at": self.last_decision_at,
+            "decisions": self.decisions,
+            "switches": self.switches,
+        }
+
+    @classmethod
+    def from_state(
+        cls, model: RetentionModel, settings: OnlineSettings, state: Mapping[str, Any]
+    ) -> OnlineController:
+        branch = state.get("branch", settings.initial_branch)
+        if branch not in ("retain", "ttl"):
+            raise ValueError(f"branch must be 'retain' or 'ttl' in state, got {branch!r}")
+        last = state.get("last_decision_at")
+        return cls(
+            model,
+            settings,
+            estimator=rate_estimator_from_state(state.get("estimator", {"kind": "window"})),
+            waits=WaitWindow.from_state(state.get("waits", {"capacity": settings.window})),
+            cohort=SuspensionCohort.from_state(state.get("cohort", {"capacity": settings.window})),
+            branch=branch,
+            last_decision_at=None if last is None else float(last),
+            decisions=int(state.get("decisions", 0)),
+            switches=int(state.get("switches", 0)),
+        )

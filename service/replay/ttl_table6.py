@@ -1,0 +1,215 @@
+"""Seed 002's Table 6: host-retention policies across load, per wait family, at C2 = 425.
+
+Per cell (family x load) and replicate: one held-out trace (Poisson suspensions at
+``load x lambda_crit`` with waits from the family's held-out pool) replayed under every policy
+(paired: the same trace for all), and an independent calibration sample the controllers choose
+their branch from. Policies:
+
+* ``cpu_ttl``: ``t2(lambda)`` at the configured load, every context;
+* ``inf`` (host-retain), ``10min``, ``30min``, ``60min``: fixed timers (the "fixed" set);
+* ``controller``: the seed's one-shot controller: branch from replaying the calibration sample
+  once per family at ``calibration_load`` (the seed's 2 x lambda_crit), then ``t2`` at the
+  configured load;
+* ``controller_est``: the same branch, ``t2`` at the lambda estimated online from the held-out
+  suspension stream (cold at the start);
+* ``online``: Tenure's online controller from nothing: estimated lambda, waits re-collected
+  from the resumes it observes, branch re-chosen periodically with hysteresis.
+
+Costs are mean GPU-s per suspended context; a cell's entry is the mean over replicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.policy.rate import rate_estimator
+from service.policy.retention_control import (
+    OneShotController,
+    OnlineController,
+    OnlineSettings,
+    RetentionModel,
+)
+from service.replay.ttl_families import WaitFamily
+from service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
+from service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
+
+__all__ = ["FIXED_TIMERS", "SEED_TABLE6", "Table6Spec", "run_table6"]
+
+#: The fixed host timers of the seed (name -> seconds; ``None``: retain until resume).
+FIXED_TIMERS: dict[str, float | None] = {
+    "inf": None,
+    "10min": 600.0,
+    "30min": 1800.0,
+    "60min": 3600.0,
+}
+
+#: Seed 002, Table 6 as printed (GPU-s per request), for the side-by-side comparison.
+SEED_TABLE6: dict[str, dict[float, dict[str, Any]]] = {
+    "lognormal": {
+        0.5: {"cpu_ttl": 0.020, "inf": 0.020, "10min": 1.374, "30min": 0.598, "60min": 0.243,
+              "controller": 0.020, "branch": "retain"},
+        1.0: {"cpu_ttl": 0.065, "inf": 0.065, "10min": 1.374, "30min": 0.598, "60min": 0.243,
+              "controller": 0.065, "branch": "retain"},
+        2.0: {"cpu_ttl": 0.851, "inf": 0.787, "10min": 1.374, "30min": 0.868, "60min": 0.834,
+              "controller": 0.787, "branch": "retain"},
+        3.0: {"cpu_ttl": 1.239, "inf": 1.081, "10min": 1.375, "30min": 1.199, "60min": 1.138,
+              "controller": 1.081, "branch": "retain"},
+    },
+    "exponential": {
+        0.5: {"cpu_ttl": 0.020, "inf": 0.020, "10min": 1.373, "30min": 0.737, "60min": 0.278,
+              "controller": 0.020, "branch": "retain"},
+        1.0: {"cpu_ttl": 0.132, "inf": 0.132, "10min": 1.373, "30min": 0.737, "60min": 0.278,
+              "controller": 0.132, "branch": "retain"},
+        2.0: {"cpu_ttl": 0.993, "inf": 0.877, "10min": 1.373, "30min": 0.999, "60min": 0.937,
+              "controller": 0.877, "branch": "retain"},
+        3.0: {"cpu_ttl": 1.307, "inf": 1.145, "10min": 1.373, "30min": 1.266, "60min": 1.229,
+              "controller": 1.145, "branch": "retain"},
+    },
+    "mixture": {
+        0.5: {"cpu_ttl": 0.020, "inf": 0.020, "10min": 0.957, "30min": 0.728, "60min": 0.363,
+              "controller": 0.020, "branch": "ttl"},
+        1.0: {"cpu_ttl": 0.072, "inf": 0.072, "10min": 0.957, "30min": 0.728, "60min": 0.363,
+              "controller": 0.072, "branch": "ttl"},
+        2.0: {"cpu_ttl": 0.759, "inf": 0.785, "10min": 0.957, "30min": 0.758, "60min": 0.789,
+              "controller": 0.759, "branch": "ttl"},
+        3.0: {"cpu_ttl": 0.923, "inf": 1.073, "10min": 0.957, "30min": 1.082, "60min": 1.126,
+              "controller": 0.923, "branch": "ttl"},
+    },
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Table6Spec:
+    model: RetentionModel
+    families: Sequence[WaitFamily]
+    loads: Sequence[float] = (0.5, 1.0, 2.0, 3.0)
+    requests: int = 4000
+    calibration_samples: int = 4000
+    calibration_load: float = 2.0
+    replicates: int = 5
+    seed: int = 0
+    online: OnlineSettings = field(default_factory=OnlineSettings)
+    #: The estimator ``controller_est`` uses (the online controller's, by default).
+    estimator: str | None = None
+
+
+def _fixed_costs(
+    spec: Table6Spec, arrivals: np.ndarray, waits: np.ndarray, lam: float
+) -> dict[str, float]:
+    n = len(arrivals)
+    out: dict[str, float] = {}
+    t2 = spec.model.t2(lam)
+    timers: dict[str, float | None] = {"cpu_ttl": t2, **FIXED_TIMERS}
+    for name, ttl in timers.items():
+        ttls = np.full(n, np.inf if ttl is None else ttl)
+        out[name] = replay_timers(
+            arrivals, waits, ttls, spec.model.slots, spec.model.price
+        ).mean_cost
+    return out
+
+
+def _cell_replicate(
+    spec: Table6Spec, family: WaitFamily, f_idx: int, l_idx: int, load: float, rep: int
+) -> tuple[dict[str, float], dict[str, Any]]:
+    model = spec.model
+    lam = load * model.lambda_crit
+    held = np.random.default_rng([spec.seed, 1, f_idx, l_idx, rep])
+    arrivals = poisson_arrivals(spec.requests, lam, held)
+    waits = family.sample(spec.requests, held, "heldout")
+    # Calibrated once per family and replicate (not per load), as the seed does.
+    calib = np.random.default_rng([spec.seed, 2, f_idx, rep])
+    calibration = family.sample(spec.calibration_samples, calib, "calibration").tolist()
+    costs = _fixed_costs(spec, arrivals, waits, lam)
+    oneshot = OneShotController(
+        model,
+        lam=lam,
+        calibration_waits_s=calibration,
+        calibration_lam=spec.calibration_load * model.lambda_crit,
+        evaluator="episode",
+        seed=rep,
+    )
+    ttl_now = oneshot.host_ttl()
+    ttls = np.full(len(arrivals), np.inf if ttl_now is None else ttl_now)
+    costs["controller"] = replay_timers(arrivals, waits, ttls, model.slots, model.price).mean_cost
+    estimator = rate_estimator(spec.estimator or spec.online.estimator)
+    est_policy = OneShotPolicy(oneshot, estimator, spec.online.lambda_z)
+    est = replay_policy(arrivals, waits, est_policy, model.slots, model.price)
+    costs["controller_est"] = est.mean_cost
+    online_policy = OnlinePolicy(OnlineController(model, spec.online))
+    online = replay_policy(arrivals, waits, online_policy, model.slots, model.price)
+    costs["online"] = online.mean_cost
+    lam_est = np.array([lam_i for _at, lam_i in est_policy.lam_errors])
+    info = {
+        "branch": oneshot.branch,
+        "lam_est_mean_rel_err": float(np.mean(np.abs(lam_est - lam)) / lam),
+        "online_final_branch": online_policy.controller.branch,
+        "online_switches": online_policy.controller.switches,
+    }
+    return costs, info
+
+
+def run_table6(
+    spec: Table6Spec, progress: Callable[[int, int], None] | None = None
+) -> list[dict[str, Any]]:
+    """The cells, in family-then-load order, in the JSON shape of ``tenure replay ttl``."""
+    cells: list[dict[str, Any]] = []
+    total = len(spec.families) * len(spec.loads) * spec.replicates
+    done = 0
+    for f_idx, family in enumerate(spec.families):
+        for l_idx, load in enumerate(spec.loads):
+            per_rep: list[dict[str, float]] = []
+            infos: list[dict[str, Any]] = []
+            for rep in range(spec.replicates):
+                costs, info = _cell_replicate(spec, family, f_idx, l_idx, load, rep)
+                per_rep.append(costs)
+                infos.append(info)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            cells.append(_cell(family.name, load, per_rep, infos))
+    return cells
+
+
+def _gain(best: float, cost: float) -> float:
+    """Relative gain over ``best`` (positive favours ``cost``'s policy), as the seed's."""
+    return (best - cost) / best if best > 0 else 0.0
+
+
+def _cell(
+    family: str, load: float, per_rep: list[dict[str, float]], infos: list[dict[str, Any]]
+) -> dict[str, Any]:
+    names = list(per_rep[0])
+    costs = {name: float(np.mean([r[name] for r in per_rep])) for name in names}
+    sds = {name: float(np.std([r[name] for r in per_rep])) for name in names}
+    best_name = min(FIXED_TIMERS, key=lambda n: costs[n])
+    best = costs[best_name]
+    branches = sorted({i["branch"] for i in infos})
+
+    def rep_gains(policy: str) -> list[float]:
+        return [_gain(min(r[n] for n in FIXED_TIMERS), r[policy]) for r in per_rep]
+
+    cell: dict[str, Any] = {
+        "family": family,
+        "load": load,
+        "controller_branch": branches[0] if len(branches) == 1 else "/".join(branches),
+        "controller_cost": costs["controller"],
+        "best_fixed_name": best_name,
+        "best_fixed_cost": best,
+        "costs": costs,
+        "cost_sd": sds,
+        "gain": {p: _gain(best, costs[p]) for p in ("controller", "controller_est", "online")},
+        "replicate_gains": {p: rep_gains(p) for p in ("controller", "controller_est", "online")},
+        "replicates": len(per_rep),
+        "branch_per_replicate": [i["branch"] for i in infos],
+        "lam_est_mean_rel_err": float(np.mean([i["lam_est_mean_rel_err"] for i in infos])),
+        "online_final_branch": [i["online_final_branch"] for i in infos],
+        "online_switches": [i["online_switches"] for i in infos],
+    }
+    seed = SEED_TABLE6.get(family, {}).get(load)
+    if seed is not None:
+        cell["seed"] = seed
+    return cell
