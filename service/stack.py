@@ -40,8 +40,7 @@ __all__ = [
 
 Progress = Callable[[str], None]
 
-#: ``tenure ...`` with this interpreter. Not ``python -m service.cli``: that loads the module a
-#: second time as ``__main__``, and its ``UsageError`` would no longer be the one caught.
+#: ``tenure ...`` with this interpreter (the console script may not be on PATH).
 TENURE_ARGV = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())"]
 
 

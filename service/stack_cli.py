@@ -164,7 +164,7 @@ def run_demo(stack: Any) -> dict[str, float]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.cli import UsageError
+    from service.errors import UsageError
     from service.policy import UnknownPolicyError, policy_class
     from service.stack import LocalStack, StackConfig, StackError
 

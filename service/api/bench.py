@@ -104,7 +104,7 @@ def _process(
     cpus: set[int] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Start ``argv`` (its output in ``logs``), wait for ``port``, stop it (and its group)."""
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     managed = ManagedProcess(what, argv, logs / f"{what}-{port}.log", env or {}).start()
     assert managed.process is not None
@@ -337,7 +337,7 @@ def _bucket_quantile(buckets: dict[float, float], q: float) -> float:
 
 
 def _versus_env(pairs: list[str]) -> dict[str, str]:
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     env: dict[str, str] = {}
     for pair in pairs:
@@ -374,7 +374,7 @@ def _side(side: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         # Before the run, not after minutes of it.

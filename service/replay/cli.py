@@ -4,7 +4,7 @@
 ``tenure replay placement``, SSD-tier placement, in :mod:`service.replay.placement_cli`.)
 
 Bad input (a malformed or truncated trace, an unknown policy or hardware name, a negative rate
-or capacity) raises :class:`~service.cli.UsageError`: one line, exit code 2, no traceback.
+or capacity) raises :class:`~service.errors.UsageError`: one line, exit code 2, no traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["configure"]
 

@@ -175,7 +175,7 @@ PROFILES: dict[str, HardwareProfile] = {
 
 
 def get_profile(name: str) -> HardwareProfile:
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     profile = PROFILES.get(name)
     if profile is None:
@@ -243,7 +243,7 @@ SSD_PROFILES: dict[str, SsdProfile] = {
 
 
 def get_ssd(name: str) -> SsdProfile:
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     profile = SSD_PROFILES.get(name)
     if profile is None:

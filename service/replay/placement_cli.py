@@ -2,7 +2,7 @@
 
 Bad input (a missing or malformed trace, a trace of another format, unknown hardware / SSD /
 contender names, a bad ranker artefact, non-positive rates or capacities) raises
-:class:`~service.cli.UsageError`: one line, exit code 2.
+:class:`~service.errors.UsageError`: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["add_placement_command"]
 
@@ -58,11 +58,12 @@ def add_placement_command(subs: Any) -> None:
 def _placement(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from service.errors import TraceError
     from service.policy.ranker import RankerArtefactError, RidgeRanker
     from service.replay.cli import _float, _ints
     from service.replay.experiment import default_jobs
     from service.replay.hardware import GIB, get_profile, get_ssd
-    from service.replay.loaders import TraceError, detect_format, load_trace
+    from service.replay.loaders import detect_format, load_trace
     from service.replay.loaders.claude_code_meta import load_claude_code_meta
     from service.replay.placement_exp import (
         CONTENDERS,
