@@ -35,7 +35,7 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order
 
 from engine_adapter.tags import RequestTags, parse_tags
 from service.policy import EvictionClass, HostTier, Run, SessionHint, Victim, create_policy
-from service.push.messages import Decision, Snapshot
+from service.wire.push import Decision, Snapshot
 
 __all__ = ["TenureCachePolicy"]
 

@@ -7,7 +7,7 @@ it actually writes. :class:`TenureFsTier` is the stock ``fs`` tier
 with three additions, all through the ``SecondaryTierManager`` interface (no fork):
 
 * **admission** — each offered block is classified by the segment its tokens fall in (the
-  request's ``kv_transfer_params.tenure``, :mod:`service.policy.segment_wire`; the position of a
+  request's ``kv_transfer_params.tenure``, :mod:`service.wire.segments`; the position of a
   key is the scheduler's ``ReqContext.get_offload_key_position``) and written only if the core
   placement policy routes its class to the SSD tier: reasoning and reviewers never are, nor are
   the workers the predictive path keeps in the fast tier;

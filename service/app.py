@@ -38,13 +38,13 @@ from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
-from service.push.messages import TierConfig
 from service.push.server import PushSecurity, PushServer
 from service.settings import Settings
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.connection import HiredisPackedConnection
 from service.state.keys import Keys
 from service.state.store import StateStore, StoreLimits
+from service.wire.push import TierConfig
 
 __all__ = ["create_app"]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.policy.types import EvictionClass
-from service.push.messages import ResidencyReport
+from service.wire.push import ResidencyReport
 
 __all__ = ["OTHER", "LabelBudget", "Metrics"]
 

@@ -1,16 +1,16 @@
 """From the decision core's :class:`LifecycleDecision` to a push message and a record update.
 
 The core decides; this module only translates its output into the wire message
-(:class:`~service.push.messages.Decision`) and the session-record fields the APPLY script writes.
+(:class:`~service.wire.push.Decision`) and the session-record fields the APPLY script writes.
 """
 
 from __future__ import annotations
 
 from service.metrics import Metrics
 from service.policy.lifecycle import LifecycleDecision
-from service.push.messages import Decision
 from service.state.keys import scoped_session_id
 from service.state.store import SessionUpdate
+from service.wire.push import Decision
 
 __all__ = ["as_message", "as_update", "count"]
 

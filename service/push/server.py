@@ -1,6 +1,6 @@
 """The sidecar side of the push channel: a ZeroMQ ROUTER that adapters' DEALERs connect to.
 
-The protocol is documented in :mod:`service.push.messages`. This side:
+The protocol is documented in :mod:`service.wire.push`. This side:
 
 * tails the decision stream in Redis and forwards every decision, in sequence order, to every
   adapter heard from recently. The stream is written by every replica, so an adapter connected
@@ -50,7 +50,9 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils import z85
 
 from service.metrics import Metrics
-from service.push.messages import (
+from service.state.breaker import StateUnavailable
+from service.state.store import StateStore
+from service.wire.push import (
     Decision,
     Hello,
     Message,
@@ -61,8 +63,6 @@ from service.push.messages import (
     decode,
     encode,
 )
-from service.state.breaker import StateUnavailable
-from service.state.store import StateStore
 
 __all__ = ["PushSecurity", "PushServer"]
 

@@ -17,12 +17,13 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from service.push.messages import Decision
 from service.state import scripts
 from service.state.batcher import ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
+from service.wire.decision_codec import decision_body, decision_parts, decode_decision
+from service.wire.push import Decision
 
 __all__ = [
     "YIELD_EVERY",
@@ -34,9 +35,6 @@ __all__ = [
     "StateUnavailable",
     "StoreLimits",
     "TurnStart",
-    "decision_body",
-    "decision_parts",
-    "decode_decision",
     "parse_observation",
 ]
 
@@ -44,8 +42,6 @@ T = TypeVar("T")
 #: Long sample lists are parsed (and models rebuilt from them) in slices of this many, yielding
 #: to the event loop between: thousands at once held every proxied request for milliseconds.
 YIELD_EVERY = 256
-_json_encode = msgspec.json.Encoder().encode
-_decision_decoder = msgspec.json.Decoder(Decision)
 
 
 class SessionNotFound(LookupError):
@@ -101,29 +97,6 @@ class SessionUpdate:
     ttl_s: int | None = None
     decision: Decision | None = None
     push: tuple[str, str] | None = None
-
-
-def decision_body(decision: Decision) -> bytes:
-    """JSON of a decision for the scripts, which fill in ``seq`` (and the hot path's ``turn``)."""
-    return _json_encode(decision)
-
-
-_SEQ_ZERO = b'"seq":0'
-
-
-def decision_parts(decision: Decision) -> tuple[bytes, bytes]:
-    """A decision's JSON (``seq`` 0) split around its ``seq`` value, for APPLY to join."""
-    body = _json_encode(decision)
-    # ``seq`` is the first field after the tag, so this is its own occurrence, never text
-    # inside a later string value.
-    at = body.find(_SEQ_ZERO)
-    if decision.seq != 0 or at < 0 or body[at + len(_SEQ_ZERO)] not in b",}":
-        raise ValueError("decision_parts needs a decision whose seq is 0")
-    return body[: at + 6], body[at + len(_SEQ_ZERO) :]
-
-
-def decode_decision(body: bytes | str) -> Decision:
-    return _decision_decoder.decode(body)
 
 
 def parse_observation(entry: bytes | str) -> GapObservation | None:
@@ -510,7 +483,7 @@ class StateStore:
                         current = msgspec.json.decode(raw) if raw is not None else None
                         updated = dict(mutate(current if isinstance(current, dict) else None))
                         pipe.multi()  # type: ignore[no-untyped-call]
-                        pipe.set(key, _json_encode(updated))
+                        pipe.set(key, msgspec.json.encode(updated))
                         await pipe.execute()
                         return updated
                     except aioredis.WatchError:

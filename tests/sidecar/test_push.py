@@ -8,7 +8,7 @@ import httpx
 import pytest
 import zmq
 
-from service.push.messages import (
+from service.wire.push import (
     Decision,
     Hello,
     ResidencyReport,

@@ -9,16 +9,11 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from service.push.messages import Decision
 from service.state.breaker import Breaker
 from service.state.keys import Keys
-from service.state.store import (
-    SessionUpdate,
-    StateStore,
-    StoreLimits,
-    decision_parts,
-    decode_decision,
-)
+from service.state.store import SessionUpdate, StateStore, StoreLimits
+from service.wire.decision_codec import decision_parts, decode_decision
+from service.wire.push import Decision
 
 
 @pytest.fixture
