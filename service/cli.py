@@ -39,10 +39,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
-    "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
-    "policy": ("engine_adapter.bench", "per-call cost of the adapter policy vs vLLM's LRU"),
-    "replay": ("service.replay.bench", "speed of one replay over a whole trace"),
-    "sdk": ("clients.bench", "cost the client SDK adds per completion call"),
+    "proxy": ("benchmarks.proxy", "added latency and throughput of the proxy"),
+    "policy": ("benchmarks.policy", "per-call cost of the adapter policy vs vLLM's LRU"),
+    "replay": ("benchmarks.replay", "speed of one replay over a whole trace"),
+    "sdk": ("benchmarks.sdk", "cost the client SDK adds per completion call"),
 }
 
 

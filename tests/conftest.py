@@ -13,7 +13,6 @@ Nothing is faked here: tests that use Redis talk to the real server.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import tempfile
 import time
@@ -24,7 +23,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from service.stack import free_port
+from service.processes import free_port, redis_argv, redis_executable
 
 __all__ = ["RedisProcess", "free_port", "wait_for"]
 
@@ -50,7 +49,7 @@ class RedisProcess:
     """
 
     def __init__(self, port: int | None = None, *, persistent: bool = False) -> None:
-        executable = shutil.which("redis-server")
+        executable = redis_executable()
         if executable is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.executable = executable
@@ -83,21 +82,10 @@ class RedisProcess:
             return self
         for _attempt in range(5):
             self._process = subprocess.Popen(
-                [
-                    self.executable,
-                    "--port", str(self.port),
-                    "--bind", self.host,
-                    "--dir", str(self.directory),
-                    "--save", "",
-                    "--appendonly", "yes" if self.persistent else "no",
-                    "--appendfsync", "always",
-                    "--daemonize", "no",
-                    "--protected-mode", "yes",
-                    "--loglevel", "warning",
-                ],
+                redis_argv(self.executable, self.port, self.directory, persistent=self.persistent),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
             if self._wait_ready(timeout_s):
                 self._port_fixed = True
                 return self

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from clients import bench
+from benchmarks import sdk as bench
 
 
 def test_bench_reports_every_figure(tmp_path: Path) -> None:

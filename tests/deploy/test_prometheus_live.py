@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 import yaml
 
-from service.stack import free_port
+from service.processes import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(

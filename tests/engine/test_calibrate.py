@@ -21,8 +21,8 @@ from service.app import create_app
 from service.calibrate.cli import write_sidecar
 from service.cli import UsageError, main
 from service.policy.retention import PriceVector
+from service.processes import ManagedProcess, free_port, http_ok
 from service.settings import Settings
-from service.stack import ManagedProcess, free_port, http_ok
 from tests.engine.conftest import model_cache_dir
 from tests.sidecar.fake_upstream import ServerThread
 

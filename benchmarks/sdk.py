@@ -112,7 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="python -m clients.bench", description=__doc__)
+    cli = argparse.ArgumentParser(prog="python -m benchmarks.sdk", description=__doc__)
     configure(cli)
     ns = cli.parse_args()
     raise SystemExit(ns.func(ns))

@@ -16,7 +16,7 @@ alternating direct/proxied rounds so both sides see the same background load. ``
 the sidecar and its Redis a CPU (the last one) and the load generator and upstream the others,
 as in a deployment where the sidecar and its local state store have their own core (a Redis
 round trip is then a local hand-off, not a wake-up of another vCPU). ``--keep-cpus-awake``
-measures without the VM's vCPU wake-up cost (see :func:`_awake_cpus`).
+measures without the VM's vCPU wake-up cost (see :func:`benchmarks.cpus.awake_cpus`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,8 +34,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from service.api.bench_load import run_load
-from service.stack import ManagedProcess, StackError, free_port
+from benchmarks.cpus import awake_cpus, cpu_seconds
+from benchmarks.cpus import placement as cpu_placement
+from benchmarks.proxy_load import run_load
+from benchmarks.proxy_plot import plot_latency
+from benchmarks.stats import bucket_quantile, percentile
+from service.processes import (
+    ManagedProcess,
+    StackError,
+    free_port,
+    listening,
+    redis_argv,
+    redis_executable,
+)
 
 __all__ = ["configure"]
 
@@ -82,18 +90,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 @contextmanager
 def _process(
     argv: list[str],
@@ -113,11 +109,11 @@ def _process(
             # Right after the fork, before the interpreter starts any thread (they inherit it).
             os.sched_setaffinity(managed.process.pid, cpus)
         try:
-            managed.wait_until(lambda: _listening(port), timeout=30)
+            managed.wait_until(lambda: listening(port), timeout=30)
         except StackError:
             # The log goes with the run's temporary directory: say its last lines now.
             raise UsageError(
-                f"{what} did not start listening on port {port}: {_tail(managed.log_path)}"
+                f"{what} did not start listening on port {port}: {managed.log_tail()}"
             ) from None
         yield managed.process
     finally:
@@ -151,26 +147,6 @@ def _requests(
     return per_connection
 
 
-def _percentile(values: list[float], q: float) -> float:
-    return _sorted_percentile(sorted(values), q)
-
-
-def _sorted_percentile(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux ``/proc``); NaN elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _warm(port: int, concurrency: int, hints: bool) -> None:
     await run_load(port, _requests(concurrency, 50 * concurrency // 4, hints))
 
@@ -190,9 +166,9 @@ async def _throughput(
     port: int, concurrency: int, total: int, hints: bool, pid: int | None = None
 ) -> tuple[float, float]:
     """Closed loop: requests/s, and the sidecar's CPU ms per request when ``pid`` is given."""
-    cpu_before = _cpu_seconds(pid) if pid is not None else float("nan")
+    cpu_before = cpu_seconds(pid) if pid is not None else float("nan")
     done, elapsed, errors = await run_load(port, _requests(concurrency, total, hints))
-    cpu = (_cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
+    cpu = (cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
     return len(done) / elapsed, cpu / len(done) * 1000
@@ -225,7 +201,7 @@ async def _measure(
         for i in order:
             proxied[i] += (p := await _latencies(sidecars[i][0], c, per_round, hints, rate))
             if i == 0:
-                added = (_percentile(p, 0.5) - _percentile(d, 0.5)) * 1000
+                added = (percentile(p, 0.5) - percentile(d, 0.5)) * 1000
                 added_by_round.append(round(added, 3))
         print(
             f"  latency round {index + 1}/{rounds}: added p50 {added_by_round[-1]:.3f} ms",
@@ -239,69 +215,22 @@ async def _measure(
         rps, cpu_ms = await _throughput(port, c, args.requests, hints, pid)
         sides.append(
             {
-                "proxy_p50_ms": _percentile(latencies, 0.50) * 1000,
-                "proxy_p99_ms": _percentile(latencies, 0.99) * 1000,
+                "proxy_p50_ms": percentile(latencies, 0.50) * 1000,
+                "proxy_p99_ms": percentile(latencies, 0.99) * 1000,
                 "proxy_rps": rps,
                 "cpu_ms_per_request": cpu_ms,
-                "in_sidecar_p50_ms": _bucket_quantile(in_sidecar, 0.50) * 1000,
-                "in_sidecar_p99_ms": _bucket_quantile(in_sidecar, 0.99) * 1000,
+                "in_sidecar_p50_ms": bucket_quantile(in_sidecar, 0.50) * 1000,
+                "in_sidecar_p99_ms": bucket_quantile(in_sidecar, 0.99) * 1000,
             }
         )
     return {
-        "direct_p50_ms": _percentile(direct, 0.50) * 1000,
-        "direct_p99_ms": _percentile(direct, 0.99) * 1000,
+        "direct_p50_ms": percentile(direct, 0.50) * 1000,
+        "direct_p99_ms": percentile(direct, 0.99) * 1000,
         "direct_rps": direct_rps,
         "added_p50_ms_by_round": added_by_round,
         "sides": sides,
         "latencies": {"direct": direct, "proxied": proxied},
     }
-
-
-_SPIN = """
-import contextlib, os
-os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-# With autogroups on, a new session is a scheduling group that competes at full weight
-# whatever its tasks' policy: give the group the lowest weight as well.
-with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
-    f.write("19")
-while True:
-    pass
-"""
-
-
-@contextmanager
-def _awake_cpus(enabled: bool) -> Iterator[None]:
-    """One lowest-priority (SCHED_IDLE) spinner per CPU, so no vCPU ever halts.
-
-    On a VM an idle vCPU halts, and waking it for the next packet costs a trip through the
-    hypervisor (tens to hundreds of microseconds, more under steal): a ping-pong benchmark pays
-    it at every hop. The spinners yield to any runnable process at once; they are what
-    ``idle=poll`` would do, and tell the VM's wake-up cost apart from the proxy's own.
-    """
-    if not enabled or not hasattr(os, "SCHED_IDLE"):
-        yield
-        return
-    spinners = []
-    try:
-        for cpu in sorted(os.sched_getaffinity(0)):
-            spinner = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True)
-            os.sched_setaffinity(spinner.pid, {cpu})
-            spinners.append(spinner)
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-
-
-def _placement(pin: bool) -> tuple[set[int], set[int]] | None:
-    """(CPUs for the sidecar and Redis, CPUs for the rest), or None to let the kernel place."""
-    if not pin or not hasattr(os, "sched_getaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None
-    return {cpus[-1]}, set(cpus[:-1])
 
 
 def _sidecar_buckets(port: int) -> dict[float, float]:
@@ -317,23 +246,6 @@ def _sidecar_buckets(port: int) -> dict[float, float]:
             le = line[len(prefix) :].split('"', 1)[0]
             buckets[float(le)] = float(line.rsplit(" ", 1)[1])
     return buckets
-
-
-def _bucket_quantile(buckets: dict[float, float], q: float) -> float:
-    """Quantile by linear interpolation inside the histogram bucket that holds it."""
-    ordered = sorted(buckets.items())
-    if not ordered or ordered[-1][1] <= 0:
-        return float("nan")
-    target = q * ordered[-1][1]
-    lower_le, lower_count = 0.0, 0.0
-    for le, count in ordered:
-        if count >= target:
-            if le == float("inf"):
-                return lower_le
-            span = count - lower_count
-            return lower_le + (le - lower_le) * ((target - lower_count) / span if span else 0.0)
-        lower_le, lower_count = le, count
-    return lower_le
 
 
 def _versus_env(pairs: list[str]) -> dict[str, str]:
@@ -387,17 +299,14 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")
     versus = _versus_env(args.versus) if args.versus else None
-    redis_bin = shutil.which("redis-server")
+    redis_bin = redis_executable()
     if redis_bin is None:
         raise UsageError("redis-server is not installed (apt-get install redis-server)")
     redis_port, upstream_port = free_port(), free_port()
     ports = [free_port() for _ in range(2 if versus else 1)]
     hints = not args.no_hints
     with tempfile.TemporaryDirectory(prefix="tenure-bench-") as tmp:
-        redis_argv = [
-            redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", tmp,
-            "--save", "", "--appendonly", "no",
-        ]  # fmt: skip
+        redis = redis_argv(redis_bin, redis_port, Path(tmp))
 
         def env(port: int, extra: dict[str, str]) -> dict[str, str]:
             return {
@@ -411,19 +320,17 @@ def run(args: argparse.Namespace) -> int:
                 **extra,
             }
 
-        upstream_argv = [sys.executable, "-m", "service.api.bench_load", "--port"]
+        upstream_argv = [sys.executable, "-m", "benchmarks.proxy_load", "--port"]
         sidecar_argv = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
-        placement = _placement(args.pin)
+        placement = cpu_placement(args.pin)
         side_cpus, rest_cpus = placement if placement is not None else (None, None)
         saved_affinity = os.sched_getaffinity(0) if placement is not None else None
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_awake_cpus(args.keep_cpus_awake))
+            stack.enter_context(awake_cpus(args.keep_cpus_awake))
             # Redis shares the sidecar's CPU: it is the sidecar's local state store, while the
             # load generator and the upstream stand in for remote clients and the engine.
             logs = Path(tmp)
-            stack.enter_context(
-                _process(redis_argv, redis_port, "redis-server", logs, cpus=side_cpus)
-            )
+            stack.enter_context(_process(redis, redis_port, "redis-server", logs, cpus=side_cpus))
             upstream = [*upstream_argv, str(upstream_port)]
             stack.enter_context(_process(upstream, upstream_port, "upstream", logs, cpus=rest_cpus))
             sidecars = [
@@ -489,43 +396,3 @@ def run(args: argparse.Namespace) -> int:
         plot_latency(m["latencies"], result, args.plot)
         print(f"wrote {args.plot}")
     return 0
-
-
-#: Percentiles drawn, spaced evenly in "nines" (50, 90, 99, 99.9 equally apart).
-_PLOT_QUANTILES = [1 - 0.5 * 10 ** (-k / 20) for k in range(61)]
-
-
-def plot_latency(latencies: dict[str, Any], result: dict[str, Any], path: Path) -> None:
-    """Latency against percentile on a nines scale: direct, proxied, the gap between them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [-math.log10(1 - q) for q in _PLOT_QUANTILES]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    curves = [("direct (no proxy)", latencies["direct"], "#4c72b0", "--")]
-    curves.append(("through the sidecar", latencies["proxied"][0], "#c44e52", "-"))
-    if len(latencies["proxied"]) > 1:
-        env = ", ".join(f"{k}={v}" for k, v in result["versus"]["env"].items())
-        curves.append((f"sidecar with {env}", latencies["proxied"][1], "#55a868", "-."))
-    for label, values, color, style in curves:
-        ordered = sorted(values)  # once per curve, not once per point
-        ys = [_sorted_percentile(ordered, q) * 1000 for q in _PLOT_QUANTILES]
-        ax.plot(xs, ys, style, color=color, label=label)
-    ticks = [0.5, 0.9, 0.99, 0.999]
-    ax.set_xticks([-math.log10(1 - q) for q in ticks], [f"p{q * 100:g}" for q in ticks])
-    ax.set_yscale("log")
-    ax.set_xlabel("percentile")
-    ax.set_ylabel("request latency, ms")
-    ax.set_title(
-        f"concurrency {result['concurrency']}, {result['latency_offered_rps']:g} req/s offered: "
-        f"added p50 {result['added_p50_ms']:.2f} ms, p99 {result['added_p99_ms']:.2f} ms",
-        fontsize=10,
-    )
-    ax.legend()
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
