@@ -43,6 +43,9 @@ class StackConfig:
 
     workdir: Path
     model_cache: Path
+    #: Serve this checkpoint instead of generating the tiny random-weight one in
+    #: ``model_cache`` (``python -m service.tools.tiny_model`` writes that one by hand).
+    model: Path | None = None
     policy: str = "tenure"
     proxy_port: int = 0
     engine_port: int = 0
@@ -107,14 +110,17 @@ class LocalStack:
         )
 
     def ensure_model(self) -> Path:
-        from engine_adapter.testing.tiny_model import ensure_tiny_model
+        if self.config.model is not None:
+            self.model_path = self.config.model
+            return self.model_path
+        from service.tools.tiny_model import ensure_tiny_model
 
         self.progress(f"preparing the tiny random-weight model in {self.config.model_cache}")
         self.model_path = ensure_tiny_model(self.config.model_cache)
         return self.model_path
 
     def engine_transfer_config(self) -> dict[str, Any]:
-        from engine_adapter.testing.engine import kv_transfer_config
+        from engine_adapter.cpu_engine import kv_transfer_config
 
         return kv_transfer_config(
             policy=self.config.policy,
@@ -127,7 +133,7 @@ class LocalStack:
         )
 
     def start_engine(self) -> None:
-        from engine_adapter.testing.engine import CPU_ENGINE_ENV, server_args
+        from engine_adapter.cpu_engine import CPU_ENGINE_ENV, server_args
 
         model = self.model_path or self.ensure_model()
         args = server_args(

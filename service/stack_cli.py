@@ -83,8 +83,8 @@ def _delta(after: dict[str, float], before: dict[str, float], name: str) -> floa
 
 def run_demo(stack: Any) -> dict[str, float]:
     """The demo traffic; returns the figures it printed (for tests)."""
-    from engine_adapter.testing.tiny_model import word_prompt
     from service.processes import http_json
+    from service.tools.tiny_model import word_prompt
 
     engine_before = stack.engine_metrics()
     session = "demo-agent"

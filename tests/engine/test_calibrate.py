@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine_adapter.testing.engine import CPU_ENGINE_ENV, kv_transfer_config, server_args
+from engine_adapter.cpu_engine import CPU_ENGINE_ENV, kv_transfer_config, server_args
 from service.app import create_app
 from service.calibrate.cli import write_sidecar
 from service.cli import UsageError, main
@@ -35,7 +35,7 @@ TOKEN = "calibrate-test-token"
 def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import sys
 
-    from engine_adapter.testing.tiny_model import ensure_tiny_model
+    from service.tools.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(model_cache_dir())
     port = free_port()
