@@ -34,6 +34,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
 from engine_adapter.tags import RequestTags, parse_tags
+from engine_adapter.vllm_compat import offload_key_positions
 from service.policy import EvictionClass, HostTier, Run, SessionHint, Victim, create_policy
 from service.wire.push import Decision, Snapshot
 
@@ -168,7 +169,7 @@ class TenureCachePolicy(CachePolicy):
             # position the request has, not just this key's, so a request whose tail is
             # offered first does not set it to a multiple of the block.
             unit = max(self.block_tokens, 0)
-            for p in ctx._offload_key_positions.values() if ctx is not None else (pos,):
+            for p in offload_key_positions(ctx).values() if ctx is not None else (pos,):
                 unit = math.gcd(unit, p)
             self.block_tokens = math.gcd(unit, pos)
         return pos // self.block_tokens - 1
@@ -223,7 +224,7 @@ class TenureCachePolicy(CachePolicy):
         that session's frontier block (its newest); a prefix shared only partly (a common
         system prompt) starts a new anonymous session instead.
         """
-        positions: dict[OffloadKey, int] | None = getattr(ctx, "_offload_key_positions", None)
+        positions = offload_key_positions(ctx)
         if positions:
             deepest: _Loc | None = None
             for key in positions:
@@ -300,7 +301,7 @@ class TenureCachePolicy(CachePolicy):
         run_seg = run_start = run_stop = -1
         chunks, staged = self.chunks, self._staged
         key_at, loc_map = self._key_at, self._loc
-        positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
+        positions = offload_key_positions(ctx)
         unit = self.block_tokens
         seg = info.seg
         slots = key_at[seg]
@@ -387,7 +388,7 @@ class TenureCachePolicy(CachePolicy):
         (an edit: the store would fork) has no history to learn from and is skipped."""
         now = self._clock()
         info = self._request(ctx, now)
-        positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
+        positions = offload_key_positions(ctx)
         unit = self.block_tokens
         locs: list[_Loc] = []
         index = info.next_index
@@ -537,7 +538,7 @@ class TenureCachePolicy(CachePolicy):
     def _ctx_for(self, key: OffloadKey) -> ReqContext | None:
         """The most recent request that reported ``key`` or has its position (stock manager)."""
         for ctx, seen in reversed(self._misses.values()):
-            if key in seen or key in ctx._offload_key_positions:
+            if key in seen or key in offload_key_positions(ctx):
                 return ctx
         return self._last_ctx
 
@@ -617,7 +618,7 @@ class TenureCachePolicy(CachePolicy):
             return stash[0] + held, stash[1]
         entry: tuple[ReqContext, dict[OffloadKey, None]] | None = None
         for candidate in reversed(self._misses.values()):
-            seen, where = candidate[1], candidate[0]._offload_key_positions
+            seen, where = candidate[1], offload_key_positions(candidate[0])
             if all(k in seen or k in where for k in missing):
                 entry = candidate
                 break
@@ -632,7 +633,7 @@ class TenureCachePolicy(CachePolicy):
                     missing = narrowed
         # vLLM inserts in offer order: the scheduler offers KV group by group, each in prefix
         # order; without positions, the order the misses were reported in.
-        positions = ctx._offload_key_positions if ctx is not None else {}
+        positions = offload_key_positions(ctx)
         if missing and all(k in positions for k in missing):
             missing.sort(key=lambda k: (k[-4:], positions[k]))
         elif entry is not None and missing and all(k in entry[1] for k in missing):

@@ -23,6 +23,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from engine_adapter.cpu_spec import HostCopyWorker
+from engine_adapter.vllm_compat import engine_id
 
 __all__ = ["SharedRegionHostCopyWorker", "TenureCPUTieringSpec"]
 
@@ -65,7 +66,7 @@ class TenureCPUTieringSpec(TieringOffloadingSpec):
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._host_worker is None:
             region = SharedOffloadRegion(
-                engine_id=self._engine_id,
+                engine_id=engine_id(self),
                 num_chunks=self.num_chunks,
                 rank=0,
                 kv_bytes_per_chunk=self.kv_bytes_per_chunk,
