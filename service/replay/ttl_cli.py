@@ -88,7 +88,7 @@ def _say(message: str) -> None:
 def _model(args: argparse.Namespace) -> Any:
     from service.policy.platforms import get_platform
     from service.policy.retention import PriceVector
-    from service.policy.retention_control import RetentionModel
+    from service.policy.retention_costs import RetentionModel
 
     try:
         if args.price is not None:
