@@ -31,6 +31,15 @@ POLICY_TESTS = [
     "tests/engine/test_vllm_compat.py",
 ]
 
+#: Tests whose expectation is a property of one vLLM release, not of the adapter, per release
+#: (``-k`` expression to leave out, and why). vLLM 0.33's ``LRUCachePolicy`` ranks a request's
+#: keys provisionally by token position (tails before heads) and commits recency when the
+#: request finishes; Tenure's core ``lru`` replicates 0.32's per-insert recency, so the
+#: "same victims as vLLM's LRU" replica test diverges by design on 0.33 (ARC still matches).
+KNOWN_DIFFERENCES: dict[tuple[int, int], tuple[str, str]] = {
+    (0, 33): ("not lru-", "0.33 LRU ranks a request's keys by position, 0.32 by insert"),
+}
+
 
 def _overlay() -> Path | None:
     named = os.environ.get(_ENV)
@@ -55,8 +64,11 @@ def test_adapter_policy_tests_pass_on_the_overlay_release() -> None:
         _CHILD: "1",
         _ENV: str(overlay),
     }
+    version = tuple(int(x) for x in overlay.name.split(".")[:2])
+    known = KNOWN_DIFFERENCES.get((version[0], version[1]) if len(version) == 2 else (0, 0))
+    select = ["-k", known[0]] if known else []
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select,
          __file__, *POLICY_TESTS],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
