@@ -31,7 +31,8 @@ def _child(
     hardware: str,
     seed: int,
 ) -> None:
-    from service.replay.engine import ReplayConfig, simulate
+    from service.replay.config import ReplayConfig
+    from service.replay.engine import simulate
     from service.replay.hardware import get_profile
     from service.replay.loaders import load_trace
 

@@ -40,9 +40,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,47 +51,14 @@ from service.policy.placement import fast_workers as choose_fast
 from service.policy.placement_guard import PlacementGuard
 from service.policy.segments import SegmentClass, SegmentTable, SessionRole, segment_key
 from service.policy.types import EvictionClass, StoreResult
-from service.replay.hardware import SsdProfile
+from service.replay.config import TieringConfig
 from service.replay.model import Turn, slice_runs
+from service.replay.sim_state import SimState
 
-if TYPE_CHECKING:
-    from service.replay.engine import _Sim
-
-__all__ = ["LowerTier", "TieringConfig", "WorkloadNotes"]
+__all__ = ["LowerTier"]
 
 _DEAD = frozenset({EvictionClass.RECLAIM, EvictionClass.TTL})
 _CLASSES = tuple(SegmentClass)
-
-
-@dataclass(frozen=True)
-class WorkloadNotes:
-    """What placement needs that the replay trace model does not carry."""
-
-    #: Session id -> estimated reasoning tokens per turn.
-    reasoning_tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    #: Worker session id -> predicted lifetime (seconds) from the ranker at spawn.
-    predicted_lifetime_s: Mapping[str, float] = field(default_factory=dict)
-    #: Sub-agent session id -> ``worker`` or ``reviewer`` (default ``worker``).
-    roles: Mapping[str, str] = field(default_factory=dict)
-    #: Name of the ranker the predictions came from (for reports).
-    ranker: str = "none"
-
-
-@dataclass(frozen=True)
-class TieringConfig:
-    placement: str
-    ssd: SsdProfile
-    notes: WorkloadNotes = field(default_factory=WorkloadNotes)
-    #: SSD tier capacity (default: the whole device).
-    ssd_bytes: float | None = None
-    #: A fast-only worker block evicted from DRAM: ``spill`` it to the SSD tier (counted) or
-    #: ``drop`` it (a later turn recomputes it).
-    fast_eviction: str = "spill"
-
-    def __post_init__(self) -> None:
-        if self.fast_eviction not in ("spill", "drop"):
-            raise ValueError("fast_eviction must be 'spill' or 'drop'")
-        create_placement(self.placement)  # fail early on an unknown name
 
 
 class _ObservedTier(HostTier):
@@ -178,7 +144,7 @@ def _pieces(seg: int, start: int, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> 
 class LowerTier:
     """The SSD tier and the placement decisions for one replay run."""
 
-    def __init__(self, sim: _Sim, config: TieringConfig) -> None:
+    def __init__(self, sim: SimState, config: TieringConfig) -> None:
         self.sim = sim
         self.config = config
         self.place: PlacementPolicy = create_placement(config.placement)
