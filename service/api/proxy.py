@@ -59,7 +59,9 @@ from service.policy import lifecycle, stop_class
 from service.settings import Settings, TenantSpec
 from service.state.breaker import StateUnavailable
 from service.state.keys import scoped_session_id
-from service.state.store import StateStore, TurnStart
+from service.state.scripts import ApplyStatus, RollbackStatus
+from service.state.store import StateStore, TurnStart, Uncounted
+from service.wire.session_record import RecordField
 
 __all__ = ["Proxy"]
 
@@ -105,9 +107,10 @@ class _Turn:
     turn: int
     hints: Hints
     parent: str | None
-    #: Redis's answer; None while an early-forwarded turn's script is still in flight.
-    start: TurnStart | None
-    counting: asyncio.Task[TurnStart | None] | None = None
+    #: Redis's answer (:class:`Uncounted` when Redis was down: forwarded fail-open, ``turn``
+    #: 0); None while an early-forwarded turn's script is still in flight.
+    start: TurnStart | Uncounted | None
+    counting: asyncio.Task[TurnStart | Uncounted | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
 
@@ -289,7 +292,8 @@ class Proxy:
         start = await counting
         if start is None:
             return None  # an inferred session cannot be named without Redis
-        return _Turn(tenant.name, start.session, start.turn, hints, hints.parent, start)
+        turn = 0 if isinstance(start, Uncounted) else start.turn
+        return _Turn(tenant.name, start.session, turn, hints, hints.parent, start)
 
     async def _count_turn(
         self,
@@ -299,7 +303,7 @@ class Proxy:
         now: float,
         forecasting: bool,
         forecast: int | None,
-    ) -> TurnStart | None:
+    ) -> TurnStart | Uncounted | None:
         """The turn's one Redis call and what follows from its answer; None without Redis.
 
         Everything here runs after the upstream send for an early-forwarded turn, so the
@@ -312,6 +316,7 @@ class Proxy:
             decision, tenant=tenant.name, session="", turn=0, parent=None, now=now
         )
         counted: int | None = None
+        start: TurnStart | Uncounted
         try:
             start = await self.store.turn_start(
                 tenant.name,
@@ -329,7 +334,7 @@ class Proxy:
             self.metrics.fail_open.inc()
             if hints.session is None:
                 return None
-            start = TurnStart(hints.session, 0, "", None, 0, False)
+            start = Uncounted(hints.session)
         finally:
             if forecasting:
                 assert self._forecasts is not None and hints.session is not None
@@ -337,6 +342,8 @@ class Proxy:
                 if forecast is not None:
                     outcome = "state_unavailable" if counted is None else "confirmed"
                     self._early[outcome if right else "wrong_turn"].inc()
+        if isinstance(start, Uncounted):
+            return start
         if start.seq:
             decisions.count(self.metrics, decision)
         if start.inferred:
@@ -467,7 +474,7 @@ class Proxy:
             except Exception:  # a bug there: say so here, where the result was awaited
                 log.exception("counting an early-forwarded turn failed")
                 return
-        if start is None or start.turn == 0:
+        if start is None or isinstance(start, Uncounted) or start.turn == 0:
             return  # Redis did not count the turn: there is no record to update
         if outcome == FAILED:
             await self._take_back(turn, start)
@@ -494,23 +501,23 @@ class Proxy:
             session_ttl_s=self.settings.session_ttl_s,
             finished_ttl_s=self.settings.finished_ttl_s,
         )
-        update.fields["last_end"] = repr(now)
-        update.fields["stop_reason"] = turn.stop_reason or ""
-        update.fields["tool"] = _clean_tool(turn.tool)
+        update.fields[RecordField.LAST_END] = repr(now)
+        update.fields[RecordField.STOP_REASON] = turn.stop_reason or ""
+        update.fields[RecordField.TOOL] = _clean_tool(turn.tool)
         try:
             status, _seq = await self.store.apply(
                 turn.tenant,
                 start.session,
                 update,
                 now=now,
-                guard=("turn", str(start.turn)),
+                guard=(RecordField.TURN, str(start.turn)),
             )
         except StateUnavailable:
             return
         except Exception:  # a bug here must not take the event loop's task down silently
             log.exception("recording the end of a turn failed")
             return
-        if status == 1:
+        if status is ApplyStatus.APPLIED:
             decisions.count(self.metrics, decision)
             if decision.expected_gap_s is not None:
                 self.metrics.gap_predicted.labels(stop_class(turn.stop_reason)).observe(
@@ -527,8 +534,9 @@ class Proxy:
         except Exception:
             log.exception("taking back a failed turn failed")
             return
-        self.metrics.failed_turns.labels("yes" if status == 1 else "no").inc()
-        if status == 1 and self._forecasts is not None and turn.hints.session is not None:
+        taken_back = status is RollbackStatus.TAKEN_BACK
+        self.metrics.failed_turns.labels("yes" if taken_back else "no").inc()
+        if taken_back and self._forecasts is not None and turn.hints.session is not None:
             # Redis's count went back by one: this replica's forecast must not run ahead.
             self._forecasts.forget(turn.tenant, turn.hints.session)
 

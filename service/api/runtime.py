@@ -129,7 +129,7 @@ class Runtime:
         counts: dict[str, int] = {}
         for tenant in list(self._tenants):
             for record in await self.store.list_sessions(tenant, limit=STATE_SAMPLE):
-                state = record.get("state", "")
+                state = record.state if record.state is not None else ""
                 counts[state] = counts.get(state, 0) + 1
         self.metrics.set_sessions(counts)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -21,6 +20,7 @@ from service.api.deps import ApiError, Services, error_responses, get_services, 
 from service.policy import lifecycle
 from service.settings import TenantSpec
 from service.state.store import SessionExists, SessionNotFound, SessionUpdate
+from service.wire.session_record import RecordField, SessionRecord
 
 __all__ = ["SessionView", "SuspendRequest", "WorkerSpawn", "router"]
 
@@ -110,35 +110,16 @@ class SessionList(BaseModel):
     offset: int
 
 
-def _float(record: dict[str, str], name: str) -> float | None:
-    value = record.get(name)
-    if not value:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _json_list(record: dict[str, str], name: str) -> list[str]:
-    try:
-        value = json.loads(record.get(name) or "[]")
-    except ValueError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def view(session: str, record: dict[str, str], now: float, slack_s: float) -> SessionView:
-    state = record.get("state", "idle")
-    wakeup = _float(record, "wakeup_at")
+def view(session: str, record: SessionRecord, now: float, slack_s: float) -> SessionView:
+    state = record.state if record.state is not None else "idle"
+    wakeup = record.wakeup_at
     cls = (
         lifecycle.classify(state, wakeup, now, slack_s)  # type: ignore[arg-type]
         if state in ("active", "idle", "suspended", "finished")
         else None
     )
     try:
-        metadata = json.loads(record.get("metadata") or "{}")
+        metadata = json.loads(record.metadata or "{}")
     except (ValueError, RecursionError):
         metadata = {}
     if json_depth(metadata, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
@@ -147,26 +128,26 @@ def view(session: str, record: dict[str, str], now: float, slack_s: float) -> Se
     return SessionView(
         session_id=session,
         state=state,
-        turn=int(record.get("turn") or 0),
-        created_at=_float(record, "created_at"),
-        last_activity=_float(record, "last_activity"),
-        expected_gap_s=_float(record, "expected_gap_s"),
+        turn=record.turn,
+        created_at=record.created_at,
+        last_activity=record.last_activity,
+        expected_gap_s=record.expected_gap_s,
         wakeup_at=wakeup,
         eviction_class=cls.value if cls is not None else None,
-        stop_reason=record.get("stop_reason") or None,
-        tool=record.get("tool") or None,
-        last_turn=record.get("last_turn") == "1",
-        reason=record.get("reason") or None,
-        suspended_at=_float(record, "suspended_at"),
-        suspend_reason=record.get("suspend_reason") or None,
-        expected_wait_s=_float(record, "expected_wait_s"),
-        host_ttl_s=_float(record, "host_ttl_s"),
-        parent=record.get("parent") or None,
-        role=record.get("role") or None,
+        stop_reason=record.stop_reason,
+        tool=record.tool,
+        last_turn=record.last_turn,
+        reason=record.reason,
+        suspended_at=record.suspended_at,
+        suspend_reason=record.suspend_reason,
+        expected_wait_s=record.expected_wait_s,
+        host_ttl_s=record.host_ttl_s,
+        parent=record.parent,
+        role=record.role,
         metadata=metadata if isinstance(metadata, dict) else {},
-        segments=_json_list(record, "segments"),
-        workers=_json_list(record, "workers"),
-        inferred=record.get("inferred") == "1",
+        segments=record.segments,
+        workers=record.workers,
+        inferred=record.inferred,
     )
 
 
@@ -184,8 +165,8 @@ Svc = Annotated[Services, Depends(get_services)]
 Tenant = Annotated[TenantSpec, Depends(tenant_of)]
 
 
-Decide = Callable[[dict[str, str], float], lifecycle.LifecycleDecision]
-Extra = Callable[[dict[str, str], SessionUpdate, float], None]
+Decide = Callable[[SessionRecord, float], lifecycle.LifecycleDecision]
+Extra = Callable[[SessionRecord, SessionUpdate, float], None]
 
 
 async def _transition(
@@ -199,11 +180,11 @@ async def _transition(
     now = svc.clock()
     outcome: dict[str, Any] = {}
 
-    def mutate(record: dict[str, str]) -> SessionUpdate:
+    def mutate(record: SessionRecord) -> SessionUpdate:
         decision = decide(record, now)
         message = decisions.as_message(
-            decision, tenant=tenant.name, session=session, turn=int(record.get("turn") or 0),
-            parent=record.get("parent") or None, now=now,
+            decision, tenant=tenant.name, session=session, turn=record.turn,
+            parent=record.parent, now=now,
         )  # fmt: skip
         update = decisions.as_update(
             decision, message, now=now, session_ttl_s=svc.settings.session_ttl_s,
@@ -222,9 +203,7 @@ async def _transition(
     except _Conflict as exc:
         raise ApiError(409, exc.message, code="session_finished") from None
     decisions.count(svc.metrics, outcome["decision"])
-    after = {**before, **outcome["update"].fields}
-    for name in outcome["update"].deleted:
-        after.pop(name, None)
+    after = before.updated(outcome["update"].fields, outcome["update"].deleted)
     return view(session, after, now, svc.runtime.config.overdue_slack_s)
 
 
@@ -245,8 +224,8 @@ async def suspend_session(
     request = body or SuspendRequest()
     runtime = svc.runtime
 
-    def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
-        if record.get("state") == "finished":
+    def decide(record: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
+        if record.state == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
         return lifecycle.on_suspend(
             now,
@@ -256,13 +235,13 @@ async def suspend_session(
             calibration_waits_s=runtime.calibration_waits,
         )
 
-    def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
-        update.fields["suspended_at"] = repr(now)
-        update.fields["suspend_reason"] = request.reason
+    def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:
+        update.fields[RecordField.SUSPENDED_AT] = repr(now)
+        update.fields[RecordField.SUSPEND_REASON] = request.reason
         if request.expected_wait_s is not None:
-            update.fields["expected_wait_s"] = repr(request.expected_wait_s)
+            update.fields[RecordField.EXPECTED_WAIT_S] = repr(request.expected_wait_s)
         else:
-            update.deleted.append("expected_wait_s")
+            update.deleted.append(RecordField.EXPECTED_WAIT_S)
         update.push = ("suspensions", repr(now))
 
     result = await _transition(svc, tenant, session_id, decide, extra)
@@ -274,17 +253,17 @@ async def suspend_session(
 async def resume_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
     """The wait is over: the session's next turn is imminent."""
 
-    def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
-        if record.get("state") == "finished":
+    def decide(record: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
+        if record.state == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
         return lifecycle.on_resume(now)
 
-    def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
-        suspended_at = _float(record, "suspended_at")
-        if record.get("state") == "suspended" and suspended_at is not None:
+    def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:
+        suspended_at = record.suspended_at
+        if record.state == "suspended" and suspended_at is not None:
             # The observed approval wait is a calibration sample for the regime controller.
             update.push = ("waits", repr(max(0.0, now - suspended_at)))
-        update.deleted.extend(["suspended_at", "expected_wait_s"])
+        update.deleted.extend([RecordField.SUSPENDED_AT, RecordField.EXPECTED_WAIT_S])
 
     return await _transition(svc, tenant, session_id, decide, extra)
 
@@ -298,7 +277,7 @@ async def spawn_worker(
     parent = await svc.store.get_session(tenant.name, session_id)
     if parent is None:
         raise _not_found(session_id)
-    if parent.get("state") == "finished":
+    if parent.state == "finished":
         raise ApiError(409, f"session {session_id!r} is finished", code="session_finished")
     decision = lifecycle.on_spawn(now, role=spawn.role)
     message = decisions.as_message(
@@ -310,12 +289,12 @@ async def spawn_worker(
     )  # fmt: skip
     update.fields.update(
         {
-            "id": spawn.worker_id,
-            "turn": "0",
-            "created_at": repr(now),
-            "parent": session_id,
-            "role": spawn.role,
-            "metadata": json.dumps(spawn.metadata, default=str),
+            RecordField.ID: spawn.worker_id,
+            RecordField.TURN: "0",
+            RecordField.CREATED_AT: repr(now),
+            RecordField.PARENT: session_id,
+            RecordField.ROLE: spawn.role,
+            RecordField.METADATA: json.dumps(spawn.metadata, default=str),
         }
     )
     try:
@@ -326,16 +305,17 @@ async def spawn_worker(
         ) from None
     decisions.count(svc.metrics, decision)
 
-    def add_worker(record: dict[str, str]) -> SessionUpdate:
-        workers = _json_list(record, "workers")
+    def add_worker(record: SessionRecord) -> SessionUpdate:
+        workers = list(record.workers)
         if spawn.worker_id not in workers and len(workers) < 1024:
             workers.append(spawn.worker_id)
-        return SessionUpdate(fields={"workers": json.dumps(workers)}, keep_live=True)
+        return SessionUpdate(fields={RecordField.WORKERS: json.dumps(workers)}, keep_live=True)
 
     # If the parent expired in between, the worker still knows its parent.
     with contextlib.suppress(SessionNotFound):
         await svc.store.update_session(tenant.name, session_id, add_worker, now=now)
-    return view(spawn.worker_id, update.fields, now, svc.runtime.config.overdue_slack_s)
+    created = SessionRecord.from_hash(update.fields)
+    return view(spawn.worker_id, created, now, svc.runtime.config.overdue_slack_s)
 
 
 @router.get("/{session_id}", response_model=SessionView)
@@ -358,7 +338,7 @@ async def list_sessions(
     now = svc.clock()
     slack = svc.runtime.config.overdue_slack_s
     return SessionList(
-        sessions=[view(r.get("id", ""), r, now, slack) for r in records],
+        sessions=[view(r.id, r, now, slack) for r in records],
         limit=limit,
         offset=offset,
     )

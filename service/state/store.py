@@ -22,8 +22,10 @@ from service.state.batcher import ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
+from service.state.scripts import ApplyStatus, RollbackStatus
 from service.wire.decision_codec import decision_body, decision_parts, decode_decision
 from service.wire.push import Decision
+from service.wire.session_record import RecordField, SessionRecord
 
 __all__ = [
     "YIELD_EVERY",
@@ -35,6 +37,7 @@ __all__ = [
     "StateUnavailable",
     "StoreLimits",
     "TurnStart",
+    "Uncounted",
     "parse_observation",
 ]
 
@@ -70,6 +73,13 @@ class TurnStart:
     observation: GapObservation | None
     seq: int
     inferred: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Uncounted:
+    """A turn Redis did not count (it was unavailable): forwarded untracked, fail open."""
+
+    session: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +211,7 @@ class StateStore:
 
     async def rollback_turn(
         self, tenant: str, session: str, turn: int, *, now: float
-    ) -> tuple[int, int]:
+    ) -> tuple[RollbackStatus, int]:
         """Take back turn ``turn`` (the upstream refused it); ``(status, seq)`` as ROLLBACK.
 
         Only the session's current, still active turn is taken back: if another turn started
@@ -226,7 +236,7 @@ class StateStore:
             str(self.limits.decision_stream_maxlen),
         ]
         raw = await self._call("rollback", lambda: self._scripts.call(self._rollback, keys, args))
-        return int(raw[0]), int(raw[1])
+        return RollbackStatus(int(raw[0])), int(raw[1])
 
     # --- guarded updates ----------------------------------------------------------------------
 
@@ -239,7 +249,7 @@ class StateStore:
         now: float,
         guard: tuple[str, str] | None = None,
         create: bool = False,
-    ) -> tuple[int, int]:
+    ) -> tuple[ApplyStatus, int]:
         """Apply ``update`` atomically; returns ``(status, seq)`` as the APPLY script does."""
         k = self.keys
         skey = k.session(tenant, session)
@@ -282,17 +292,17 @@ class StateStore:
             args += (name, value)
         args += update.deleted
         raw = await self._call("apply", lambda: self._scripts.call(self._apply, keys, args))
-        return int(raw[0]), int(raw[1])
+        return ApplyStatus(int(raw[0])), int(raw[1])
 
     async def update_session(
         self,
         tenant: str,
         session: str,
-        mutate: Callable[[dict[str, str]], SessionUpdate],
+        mutate: Callable[[SessionRecord], SessionUpdate],
         *,
         now: float,
         attempts: int = 8,
-    ) -> tuple[dict[str, str], int]:
+    ) -> tuple[SessionRecord, int]:
         """Read-modify-write one existing session, retrying if another writer got in first.
 
         Returns the record as read (before the update) and the decision's sequence number.
@@ -303,11 +313,11 @@ class StateStore:
                 raise SessionNotFound(session)
             update = mutate(record)
             status, seq = await self.apply(
-                tenant, session, update, now=now, guard=("version", record.get("version", ""))
+                tenant, session, update, now=now, guard=(RecordField.VERSION, record.version)
             )
-            if status == 1:
+            if status is ApplyStatus.APPLIED:
                 return record, seq
-            if status == -1:
+            if status is ApplyStatus.MISSING:
                 raise SessionNotFound(session)
         raise StateUnavailable("session is being updated concurrently; retry", retry_after_s=1)
 
@@ -315,22 +325,22 @@ class StateStore:
         self, tenant: str, session: str, update: SessionUpdate, *, now: float
     ) -> int:
         status, seq = await self.apply(tenant, session, update, now=now, create=True)
-        if status == -2:
+        if status is ApplyStatus.EXISTS:
             raise SessionExists(session)
         return seq
 
     # --- reads ---------------------------------------------------------------------------------
 
-    async def get_session(self, tenant: str, session: str) -> dict[str, str] | None:
+    async def get_session(self, tenant: str, session: str) -> SessionRecord | None:
         key = self.keys.session(tenant, session)
         raw = await self._call("get_session", lambda: self.client.hgetall(key))
         if not raw:
             return None
-        return {_text(f): _text(v) for f, v in raw.items()}
+        return SessionRecord.from_hash({_text(f): _text(v) for f, v in raw.items()})
 
     async def list_sessions(
         self, tenant: str, *, limit: int, offset: int = 0
-    ) -> list[dict[str, str]]:
+    ) -> list[SessionRecord]:
         """Live sessions ordered by expected wake-up (soonest first)."""
         live = self.keys.live(tenant)
         ids: list[Any] = await self._call(
@@ -348,11 +358,11 @@ class StateStore:
                 return list(await pipe.execute())
 
         records = await self._call("list_sessions", fetch)
-        out: list[dict[str, str]] = []
+        out: list[SessionRecord] = []
         expired: list[str] = []
         for name, raw in zip(names, records, strict=True):
             if raw:
-                out.append({_text(f): _text(v) for f, v in raw.items()})
+                out.append(SessionRecord.from_hash({_text(f): _text(v) for f, v in raw.items()}))
             else:
                 expired.append(name)
         if expired:

@@ -55,8 +55,8 @@ async def test_segments_are_listed_once_each_in_first_seen_order(store: StateSto
     record = await store.get_session("a", "s")
     assert record is not None
     # "m" is a prefix of "main" and "tools" of "tools.x": each is still its own segment.
-    assert json.loads(record["segments"]) == ["main", "tools", "m", "tools.x"]
-    assert record["turn"] == "6" and record["version"] == "6"
+    assert json.loads(record.fields["segments"]) == ["main", "tools", "m", "tools.x"]
+    assert record.fields["turn"] == "6" and record.fields["version"] == "6"
 
 
 async def test_segment_list_stops_growing_at_256(store: StateStore) -> None:
@@ -64,7 +64,7 @@ async def test_segment_list_stops_growing_at_256(store: StateStore) -> None:
         await _start(store, "wide", f"seg{i}", float(i + 1))
     record = await store.get_session("a", "wide")
     assert record is not None
-    assert json.loads(record["segments"]) == [f"seg{i}" for i in range(256)]
+    assert json.loads(record.fields["segments"]) == [f"seg{i}" for i in range(256)]
 
 
 async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_seq(
@@ -81,8 +81,8 @@ async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_se
     assert status == 1 and seq >= 1
     record = await store.get_session("a", "s")
     assert record is not None
-    assert record["state"] == "idle" and record["reason"] == 'r|x "q"'
-    assert record["version"] == "2" and "host_ttl_s" not in record
+    assert record.fields["state"] == "idle" and record.fields["reason"] == 'r|x "q"'
+    assert record.fields["version"] == "2" and "host_ttl_s" not in record.fields
     newest, table = await store.decision_table()
     assert newest == seq
     assert update.decision is not None
@@ -94,7 +94,7 @@ async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_se
     assert await store.apply("a", "s", stale, now=2.0, guard=("turn", "0")) == (0, 0)
     assert await store.apply("a", "gone", stale, now=2.0, guard=("turn", "1")) == (-1, 0)
     record = await store.get_session("a", "s")
-    assert record is not None and record["state"] == "idle"
+    assert record is not None and record.fields["state"] == "idle"
 
 
 async def test_a_turn_clears_what_the_pause_before_it_left(store: StateStore) -> None:
@@ -107,8 +107,8 @@ async def test_a_turn_clears_what_the_pause_before_it_left(store: StateStore) ->
     await _start(store, "s", None, 5.0)
     record = await store.get_session("a", "s")
     assert record is not None
-    assert record["state"] == "active" and record["turn"] == "2"
-    assert "suspended_at" not in record and "host_ttl_s" not in record
+    assert record.fields["state"] == "active" and record.fields["turn"] == "2"
+    assert "suspended_at" not in record.fields and "host_ttl_s" not in record.fields
 
 
 async def test_decision_table_entries_of_expired_sessions_are_swept(store: StateStore) -> None:
