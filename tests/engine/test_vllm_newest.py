@@ -37,7 +37,10 @@ POLICY_TESTS = [
 #: request finishes; Tenure's core ``lru`` replicates 0.32's per-insert recency, so the
 #: "same victims as vLLM's LRU" replica test diverges by design on 0.33 (ARC still matches).
 KNOWN_DIFFERENCES: dict[tuple[int, int], tuple[str, str]] = {
-    (0, 33): ("not (test_same_decisions_as_vllm and lru-)", "0.33 LRU ranks a request's keys by position, 0.32 by insert"),
+    (0, 33): (
+        "not (test_same_decisions_as_vllm and lru-)",
+        "0.33 LRU ranks a request's keys by position, 0.32 by insert",
+    ),
 }
 
 
