@@ -14,6 +14,9 @@ left before the answer takes the turn back in Redis (``StateStore.rollback_turn`
 request never finishes its session, whatever ``last_turn`` said. A stream cut after a 200 keeps
 its turn but does not finish the session either.
 
+The proxy is the relay; what a turn is and how its end is recorded is the turn book's
+(:mod:`service.api.turn_book`), and reading bodies and headers is :mod:`service.api.proxy_bodies`.
+
 The sidecar owns ``kv_transfer_params.tenure`` on every forwarded request: a tracked request
 gets the sidecar's own, and every other one (an untracked completion, any passthrough route)
 has a client-supplied one removed before it is forwarded, so no caller can name another
@@ -22,26 +25,32 @@ tenant's session to the engine.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from service.api import decisions
 from service.api.errors import openai_error
 from service.api.hints import HintError, Hints, parse_hints
-from service.api.inference import prefix_digests
 from service.api.paths import PathRefused, check_passthrough_path
+from service.api.proxy_bodies import (
+    NOT_JSON,
+    BadBody,
+    bad_body,
+    drop_client_tenure,
+    read_all,
+    scan_completion,
+    strip_client_tenure,
+    unauthorized,
+    wanted_headers,
+)
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
-from service.api.turns import TurnForecasts
+from service.api.turn_book import CUT, FAILED, OK, Turn, TurnBook
 from service.api.upstream import (
     STREAM_DONE,
     STREAM_UPSTREAM_CUT,
@@ -55,13 +64,9 @@ from service.api.upstream import (
 )
 from service.api.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse
 from service.metrics import Metrics
-from service.policy import lifecycle, stop_class
-from service.settings import Settings, TenantSpec
-from service.state.breaker import StateUnavailable
+from service.settings import Settings
 from service.state.keys import scoped_session_id
-from service.state.scripts import ApplyStatus, RollbackStatus
-from service.state.store import StateStore, TurnStart, Uncounted
-from service.wire.session_record import RecordField
+from service.state.store import StateStore
 
 __all__ = ["Proxy"]
 
@@ -69,66 +74,10 @@ log = logging.getLogger(__name__)
 
 _decode_json = msgspec.json.decode
 _encode_json = msgspec.json.Encoder().encode
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
-_TOOL_NAME = re.compile(rb'"function"\s*:\s*\{\s*"name"\s*:\s*"([^"\\]{1,128})"')
-
-
-class _Choice(msgspec.Struct):
-    finish_reason: str | None = None
-    message: dict[str, Any] | None = None
-
-
-class _Completion(msgspec.Struct):
-    choices: list[_Choice] = []
-
-
-_completion_decoder = msgspec.json.Decoder(_Completion)
 
 
 class _TooLarge(Exception):
     pass
-
-
-#: How a forwarded turn ended, for the record: the upstream answered it (``OK``), answered
-#: and then the stream was cut (``CUT``: the turn counts, the session is not finished), or
-#: never took it (``FAILED``: the turn is taken back).
-OK, CUT, FAILED = "ok", "cut", "failed"
-#: Client-supplied ``kv_transfer_params.tenure`` is searched this deep in passthrough bodies.
-_STRIP_DEPTH = 64
-
-
-@dataclass(slots=True)
-class _Turn:
-    """A tracked request: what the end-of-turn decision needs."""
-
-    tenant: str
-    session: str
-    #: The number forwarded upstream: Redis's count, or this replica's forecast of it.
-    turn: int
-    hints: Hints
-    parent: str | None
-    #: Redis's answer (:class:`Uncounted` when Redis was down: forwarded fail-open, ``turn``
-    #: 0); None while an early-forwarded turn's script is still in flight.
-    start: TurnStart | Uncounted | None
-    counting: asyncio.Task[TurnStart | Uncounted | None] | None = None
-    stop_reason: str | None = None
-    tool: str | None = None
-
-    def scan(self, chunk: bytes) -> None:
-        if b"finish_reason" in chunk:
-            for match in _FINISH.finditer(chunk):
-                self.stop_reason = match.group(1).decode()
-        if self.tool is None and b'"function"' in chunk:
-            found = _TOOL_NAME.search(chunk)
-            if found is not None:
-                self.tool = found.group(1).decode(errors="replace")
-
-
-def _clean_tool(name: str | None) -> str:
-    if not name:
-        return ""
-    # "|" separates fields of the gap log; control characters never belong in a tool name.
-    return "".join("_" if c == "|" or c < " " else c for c in name[:128])
 
 
 class Proxy:
@@ -155,13 +104,7 @@ class Proxy:
         self._drop_client_auth = not tenants.open
         # Built in the app's lifespan, so on the loop it serves. (Each get_running_loop() call
         # costs a getpid() system call on Python 3.11, several per request.)
-        self._loop = asyncio.get_running_loop()
-        self._pending: set[asyncio.Task[Any]] = set()
-        self._forecasts = TurnForecasts() if settings.early_forward else None
-        self._early = {
-            outcome: metrics.early_forwards.labels(outcome)
-            for outcome in ("confirmed", "wrong_turn", "state_unavailable")
-        }
+        self.turns = TurnBook(settings, store, runtime, metrics, clock)
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
@@ -180,7 +123,7 @@ class Proxy:
         started = time.perf_counter()
         tenant = self.tenants.resolve(request.headers.get("authorization"))
         if tenant is None:
-            return self._done("passthrough", _unauthorized(), started)
+            return self._done("passthrough", unauthorized(), started)
         try:
             check_passthrough_path(request.scope)
         except PathRefused as exc:
@@ -193,10 +136,10 @@ class Proxy:
             return Response(status_code=499)
         if body:
             try:
-                body = _strip_client_tenure(body, request.headers.get("content-type"))
-            except _BadBody as exc:
+                body = strip_client_tenure(body, request.headers.get("content-type"))
+            except BadBody as exc:
                 self.metrics.hint_rejections.labels("body").inc()
-                return self._done("passthrough", _bad_body(exc), started)
+                return self._done("passthrough", bad_body(exc), started)
         path = request.url.path
         if request.url.query:
             path = f"{path}?{request.url.query}"
@@ -206,17 +149,16 @@ class Proxy:
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait for pending end-of-turn writes (shutdown)."""
-        if self._pending:
-            await asyncio.wait(set(self._pending), timeout=timeout_s)
+        await self.turns.drain(timeout_s)
 
     # --- the tracked path ---------------------------------------------------------------------
 
     async def _completion(self, request: Request, route: str, path: str) -> Response:
         started = time.perf_counter()
-        headers = _wanted_headers(request.scope["headers"])
+        headers = wanted_headers(request.scope["headers"])
         tenant = self.tenants.resolve(headers.get("authorization"))
         if tenant is None:
-            return self._done(route, _unauthorized(), started)
+            return self._done(route, unauthorized(), started)
         try:
             body = await self._read_body(request, headers.get("content-length"))
         except _TooLarge:
@@ -227,21 +169,21 @@ class Proxy:
         try:
             payload = _decode_json(body)
         except (msgspec.DecodeError, RecursionError):
-            payload = _NOT_JSON
+            payload = NOT_JSON
         if not isinstance(payload, dict):
             # Forwarding bytes the sidecar cannot read would forward whatever they hold.
             self.metrics.hint_rejections.labels("body").inc()
-            return self._done(route, _bad_body(_BadBody(payload is _NOT_JSON)), started)
+            return self._done(route, bad_body(BadBody(payload is NOT_JSON)), started)
         had_tenure = "tenure" in payload
         body_hints = payload.pop("tenure", None)
-        turn: _Turn | None = None
+        turn: Turn | None = None
         try:
             hints = parse_hints(headers, body_hints)
             if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
                 # Checked before any state is written: a refused request leaves no trace.
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
-            dropped = _drop_client_tenure(payload)  # the key is the sidecar's alone
-            turn = await self._start_turn(route, tenant, hints, payload)
+            dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
+            turn = await self.turns.start(route, tenant, hints, payload)
             if turn is not None or had_tenure or dropped:
                 body = self._rewrite(payload, turn, hints)
         except HintError as exc:
@@ -252,111 +194,12 @@ class Proxy:
                 started,
             )
         except RecursionError:  # decodable, but too deep to encode again
-            self._finish_turn(turn, FAILED)
+            self.turns.finish(turn, FAILED)
             self.metrics.hint_rejections.labels("body").inc()
-            return self._done(route, _bad_body(_BadBody(True)), started)
+            return self._done(route, bad_body(BadBody(True)), started)
         return await self._forward(request, route, "POST", path, body, turn, started)
 
-    async def _start_turn(
-        self, route: str, tenant: TenantSpec, hints: Hints, payload: Any
-    ) -> _Turn | None:
-        digests: list[str] = []
-        if hints.session is None:
-            messages = payload.get("messages") if isinstance(payload, dict) else None
-            if route == "chat" and tenant.infer_sessions and isinstance(messages, list):
-                digests = prefix_digests(payload.get("model"), messages)
-            if not digests:
-                if hints.any:
-                    raise HintError(
-                        "X-Tenure-Session", "tenure hints need a session id (X-Tenure-Session)"
-                    )
-                return None  # no hints, nothing to infer: plain pass-through
-        now = self.clock()
-        forecast: int | None = None
-        forecasting = (
-            hints.session is not None
-            and self._forecasts is not None
-            and not self.store.breaker.is_open
-        )
-        if forecasting:
-            assert self._forecasts is not None and hints.session is not None
-            forecast = self._forecasts.reserve(tenant.name, hints.session)
-        counting = self._count_turn(tenant, hints, digests, now, forecasting, forecast)
-        if forecast is not None:
-            assert hints.session is not None
-            # Early forward: the request goes upstream now, the turn's script meanwhile.
-            task = self._loop.create_task(counting)
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
-            return _Turn(tenant.name, hints.session, forecast, hints, hints.parent, None, task)
-        start = await counting
-        if start is None:
-            return None  # an inferred session cannot be named without Redis
-        turn = 0 if isinstance(start, Uncounted) else start.turn
-        return _Turn(tenant.name, start.session, turn, hints, hints.parent, start)
-
-    async def _count_turn(
-        self,
-        tenant: TenantSpec,
-        hints: Hints,
-        digests: list[str],
-        now: float,
-        forecasting: bool,
-        forecast: int | None,
-    ) -> TurnStart | Uncounted | None:
-        """The turn's one Redis call and what follows from its answer; None without Redis.
-
-        Everything here runs after the upstream send for an early-forwarded turn, so the
-        decision is made here too, not on the way to the upstream.
-        """
-        # Published only for a new or resumed session, and never as a last turn: that is decided
-        # when the turn ends, and only if the upstream took the request.
-        decision = lifecycle.on_request(now, last_turn=False, hinted_gap_s=hints.expected_gap_s)
-        message = decisions.as_message(
-            decision, tenant=tenant.name, session="", turn=0, parent=None, now=now
-        )
-        counted: int | None = None
-        start: TurnStart | Uncounted
-        try:
-            start = await self.store.turn_start(
-                tenant.name,
-                session=hints.session,
-                prefix_digests=digests,
-                new_session_id=f"auto-{digests[0][:24]}" if digests else "",
-                segment=hints.segment,
-                parent=hints.parent,
-                last_turn=hints.last_turn,
-                decision=message,
-                now=now,
-            )
-            counted = start.turn
-        except StateUnavailable:
-            self.metrics.fail_open.inc()
-            if hints.session is None:
-                return None
-            start = Uncounted(hints.session)
-        finally:
-            if forecasting:
-                assert self._forecasts is not None and hints.session is not None
-                right = self._forecasts.settle(tenant.name, hints.session, forecast, counted)
-                if forecast is not None:
-                    outcome = "state_unavailable" if counted is None else "confirmed"
-                    self._early[outcome if right else "wrong_turn"].inc()
-        if isinstance(start, Uncounted):
-            return start
-        if start.seq:
-            decisions.count(self.metrics, decision)
-        if start.inferred:
-            self.metrics.sessions_inferred.inc()
-        observation = start.observation
-        if observation is not None:
-            self.runtime.observe_gap(
-                tenant.name, observation.stop_reason, observation.tool, observation.gap_s,
-                observation.expected_s,
-            )  # fmt: skip
-        return start
-
-    def _rewrite(self, payload: dict[str, Any], turn: _Turn | None, hints: Hints) -> bytes:
+    def _rewrite(self, payload: dict[str, Any], turn: Turn | None, hints: Hints) -> bytes:
         if turn is not None:
             kv = payload.get("kv_transfer_params")
             if kv is None:
@@ -389,7 +232,7 @@ class Proxy:
         method: str,
         path: str,
         body: bytes,
-        turn: _Turn | None,
+        turn: Turn | None,
         started: float,
     ) -> Response:
         headers_out = forward_headers(
@@ -402,14 +245,14 @@ class Proxy:
             upstream = await self.upstream.send(method, path, headers_out, body)
             if upstream.header("content-type").startswith("text/event-stream"):
                 return upstream, None
-            return upstream, await _read_all(upstream)
+            return upstream, await read_all(upstream)
 
         try:
             upstream, content = await send_or_disconnect(exchange(), request.receive)
         except ClientGone:
             self.metrics.client_disconnects.inc()
             self._count(route, 499, overhead, time.perf_counter())
-            self._finish_turn(turn, FAILED)
+            self.turns.finish(turn, FAILED)
             return Response(status_code=499)
         except UpstreamError as exc:
             response, kind = upstream_failure(exc)
@@ -417,7 +260,7 @@ class Proxy:
             self._count(route, response.status_code, overhead, time.perf_counter())
             # The upstream never took the turn: take it back (the session must not stay
             # "active", and a declared last turn must not finish it).
-            self._finish_turn(turn, FAILED)
+            self.turns.finish(turn, FAILED)
             return response
         resumed = time.perf_counter()
         status = upstream.status
@@ -428,8 +271,8 @@ class Proxy:
             def sent() -> None:
                 # After the answer left: none of this is the client's wait.
                 if turn is not None and status < 400:
-                    _scan_completion(turn, content, encoding)
-                self._finish_turn(turn, OK if status < 400 else FAILED)
+                    scan_completion(turn, content, encoding)
+                self.turns.finish(turn, OK if status < 400 else FAILED)
                 self._count(route, status, overhead, resumed)
 
             return ProxiedResponse(content, status, headers, on_sent=sent)
@@ -442,9 +285,9 @@ class Proxy:
             elif outcome != STREAM_DONE:
                 self.metrics.client_disconnects.inc()
             if status >= 400:
-                self._finish_turn(turn, FAILED)
+                self.turns.finish(turn, FAILED)
             else:
-                self._finish_turn(turn, OK if outcome == STREAM_DONE else CUT)
+                self.turns.finish(turn, OK if outcome == STREAM_DONE else CUT)
 
         self._count(route, status, overhead, resumed)
         return RelayResponse(
@@ -456,89 +299,6 @@ class Proxy:
         )
 
     # --- end of turn -------------------------------------------------------------------------
-
-    def _finish_turn(self, turn: _Turn | None, outcome: str) -> None:
-        if turn is None or turn.turn == 0:
-            return  # untracked, or forwarded fail-open: there is no record to update
-        task = self._loop.create_task(self._record_turn_end(turn, outcome))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _record_turn_end(self, turn: _Turn, outcome: str) -> None:
-        start = turn.start
-        if turn.counting is not None:
-            # An early-forwarded turn: Redis may still be counting it while the answer is
-            # already here; what follows needs its number.
-            try:
-                start = await turn.counting
-            except Exception:  # a bug there: say so here, where the result was awaited
-                log.exception("counting an early-forwarded turn failed")
-                return
-        if start is None or isinstance(start, Uncounted) or start.turn == 0:
-            return  # Redis did not count the turn: there is no record to update
-        if outcome == FAILED:
-            await self._take_back(turn, start)
-            return
-        now = self.clock()
-        hints = turn.hints
-        decision = lifecycle.on_response(
-            now,
-            stop_reason=turn.stop_reason,
-            # A cut stream is not the declared end of the session.
-            last_turn=hints.last_turn and outcome == OK,
-            hinted_gap_s=hints.expected_gap_s,
-            predictor=self.runtime.predictor(turn.tenant),
-            tool=turn.tool,
-        )
-        message = decisions.as_message(
-            decision, tenant=turn.tenant, session=start.session, turn=start.turn,
-            parent=turn.parent, now=now,
-        )  # fmt: skip
-        update = decisions.as_update(
-            decision,
-            message,
-            now=now,
-            session_ttl_s=self.settings.session_ttl_s,
-            finished_ttl_s=self.settings.finished_ttl_s,
-        )
-        update.fields[RecordField.LAST_END] = repr(now)
-        update.fields[RecordField.STOP_REASON] = turn.stop_reason or ""
-        update.fields[RecordField.TOOL] = _clean_tool(turn.tool)
-        try:
-            status, _seq = await self.store.apply(
-                turn.tenant,
-                start.session,
-                update,
-                now=now,
-                guard=(RecordField.TURN, str(start.turn)),
-            )
-        except StateUnavailable:
-            return
-        except Exception:  # a bug here must not take the event loop's task down silently
-            log.exception("recording the end of a turn failed")
-            return
-        if status is ApplyStatus.APPLIED:
-            decisions.count(self.metrics, decision)
-            if decision.expected_gap_s is not None:
-                self.metrics.gap_predicted.labels(stop_class(turn.stop_reason)).observe(
-                    decision.expected_gap_s
-                )
-
-    async def _take_back(self, turn: _Turn, start: TurnStart) -> None:
-        try:
-            status, _seq = await self.store.rollback_turn(
-                turn.tenant, start.session, start.turn, now=self.clock()
-            )
-        except StateUnavailable:
-            return
-        except Exception:
-            log.exception("taking back a failed turn failed")
-            return
-        taken_back = status is RollbackStatus.TAKEN_BACK
-        self.metrics.failed_turns.labels("yes" if taken_back else "no").inc()
-        if taken_back and self._forecasts is not None and turn.hints.session is not None:
-            # Redis's count went back by one: this replica's forecast must not run ahead.
-            self._forecasts.forget(turn.tenant, turn.hints.session)
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -587,123 +347,3 @@ class Proxy:
         self.metrics.requests.labels(route, str(response.status_code)).inc()
         self._latency[route].observe(time.perf_counter() - started)
         return response
-
-
-async def _read_all(upstream: UpstreamResponse) -> bytes:
-    try:
-        return await upstream.read()
-    finally:
-        await upstream.close()
-
-
-def _scan_completion(turn: _Turn, content: bytes, content_encoding: str) -> None:
-    if content_encoding:
-        return  # compressed: leave the stop reason unknown rather than decompress
-    try:
-        completion = _completion_decoder.decode(content)
-    except msgspec.DecodeError:
-        return
-    if not completion.choices:
-        return
-    choice = completion.choices[0]
-    turn.stop_reason = choice.finish_reason
-    calls = (choice.message or {}).get("tool_calls")
-    if isinstance(calls, list) and calls:
-        function = calls[0].get("function") if isinstance(calls[0], dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            turn.tool = function["name"]
-
-
-class _BadBody(Exception):
-    def __init__(self, undecodable: bool) -> None:
-        super().__init__()
-        self.undecodable = undecodable
-
-
-_NOT_JSON: Any = object()
-
-
-def _bad_body(exc: _BadBody) -> Response:
-    message = (
-        "the request body is not valid UTF-8 JSON, or is nested too deep"
-        if exc.undecodable
-        else "the request body must be a JSON object"
-    )
-    return openai_error(400, message, param="body", code="invalid_body")
-
-
-def _drop_client_tenure(payload: dict[str, Any]) -> bool:
-    """Remove a client's own ``kv_transfer_params.tenure`` (and the same key smuggled through
-    ``vllm_xargs``, which vLLM merges into the same engine-side dict); True if anything went."""
-    dropped = False
-    kv = payload.get("kv_transfer_params")
-    if isinstance(kv, dict) and "tenure" in kv:
-        del kv["tenure"]
-        dropped = True
-    xargs = payload.get("vllm_xargs")
-    if isinstance(xargs, dict) and "kv_transfer_params" in xargs:
-        del xargs["kv_transfer_params"]
-        dropped = True
-    return dropped
-
-
-def _strip_client_tenure(body: bytes, content_type: str | None) -> bytes:
-    """A passthrough body with every ``kv_transfer_params.tenure`` removed, at any depth (the
-    routes behind the catch-all have schemas of their own).
-
-    A body that is not JSON is forwarded as it is only when it does not claim to be JSON
-    (a multipart upload); the engine would read a JSON-typed one, so it must be readable here.
-    """
-    try:
-        payload = _decode_json(body)
-    except (msgspec.DecodeError, RecursionError):
-        media = (content_type or "").split(";", 1)[0].strip().lower()
-        if not media or media == "application/json" or media.endswith("+json"):
-            raise _BadBody(True) from None
-        return body
-    if not _strip_nested(payload, _STRIP_DEPTH):
-        return body
-    try:
-        return _encode_json(payload)
-    except RecursionError:
-        raise _BadBody(True) from None
-
-
-def _strip_nested(node: Any, depth: int) -> bool:
-    if depth <= 0:
-        # Deeper than any engine route reads: refuse rather than forward unchecked.
-        raise _BadBody(True)
-    dropped = False
-    if isinstance(node, dict):
-        if _drop_client_tenure(node):
-            dropped = True
-        for value in node.values():
-            if isinstance(value, dict | list) and _strip_nested(value, depth - 1):
-                dropped = True
-    elif isinstance(node, list):
-        for value in node:
-            if isinstance(value, dict | list) and _strip_nested(value, depth - 1):
-                dropped = True
-    return dropped
-
-
-def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The request headers the proxy reads, in one pass (first occurrence wins).
-
-    ASGI servers give lower-case names; one dict lookup per hint beats Starlette's ``Headers``,
-    which scans the whole list per lookup and raises a KeyError for every absent one.
-    """
-    found: dict[str, str] = {}
-    for name, value in raw:
-        if name.startswith(b"x-tenure-") or name in _READ_HEADERS:
-            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
-    return found
-
-
-_READ_HEADERS = frozenset({b"authorization", b"content-length"})
-
-
-def _unauthorized() -> Response:
-    return openai_error(
-        401, "unknown or missing API key", type_="invalid_request_error", code="invalid_api_key"
-    )
