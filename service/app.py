@@ -43,7 +43,8 @@ from service.settings import Settings
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.connection import HiredisPackedConnection
 from service.state.keys import Keys
-from service.state.store import StateStore, StoreLimits
+from service.state.records import StoreLimits
+from service.state.store import StateStore
 from service.wire.push import TierConfig
 
 __all__ = ["create_app"]

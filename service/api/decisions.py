@@ -9,7 +9,7 @@ from __future__ import annotations
 from service.metrics import Metrics
 from service.policy.lifecycle import LifecycleDecision
 from service.state.keys import scoped_session_id
-from service.state.store import SessionUpdate
+from service.state.records import SessionUpdate
 from service.wire.push import Decision
 from service.wire.session_record import RecordField
 

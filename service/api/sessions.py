@@ -19,7 +19,7 @@ from service.api import decisions
 from service.api.deps import ApiError, Services, error_responses, get_services, tenant_of
 from service.policy import lifecycle
 from service.settings import TenantSpec
-from service.state.store import SessionExists, SessionNotFound, SessionUpdate
+from service.state.records import SessionExists, SessionNotFound, SessionUpdate
 from service.wire.session_record import RecordField, SessionRecord
 
 __all__ = ["SessionView", "SuspendRequest", "WorkerSpawn", "router"]

@@ -27,8 +27,9 @@ from service.metrics import Metrics
 from service.policy import lifecycle, stop_class
 from service.settings import Settings, TenantSpec
 from service.state.breaker import StateUnavailable
+from service.state.records import TurnStart, Uncounted
 from service.state.scripts import ApplyStatus, RollbackStatus
-from service.state.store import StateStore, TurnStart, Uncounted
+from service.state.store import StateStore
 from service.wire.session_record import RecordField
 
 __all__ = ["CUT", "FAILED", "OK", "Turn", "TurnBook"]

@@ -8,12 +8,9 @@ so when Redis is down callers get :class:`StateUnavailable` at once (and fail op
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
@@ -22,107 +19,27 @@ from service.state.batcher import ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
+from service.state.records import (
+    SessionExists,
+    SessionNotFound,
+    SessionUpdate,
+    StoreLimits,
+    TurnStart,
+    parse_observation,
+    text,
+)
+from service.state.samples import SamplesAndConfig
 from service.state.scripts import ApplyStatus, RollbackStatus
 from service.wire.decision_codec import decision_body, decision_parts, decode_decision
 from service.wire.push import Decision
 from service.wire.session_record import RecordField, SessionRecord
 
-__all__ = [
-    "YIELD_EVERY",
-    "GapObservation",
-    "SessionExists",
-    "SessionNotFound",
-    "SessionUpdate",
-    "StateStore",
-    "StateUnavailable",
-    "StoreLimits",
-    "TurnStart",
-    "Uncounted",
-    "parse_observation",
-]
+__all__ = ["StateStore", "StateUnavailable"]
 
 T = TypeVar("T")
-#: Long sample lists are parsed (and models rebuilt from them) in slices of this many, yielding
-#: to the event loop between: thousands at once held every proxied request for milliseconds.
-YIELD_EVERY = 256
 
 
-class SessionNotFound(LookupError):
-    pass
-
-
-class SessionExists(LookupError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class StoreLimits:
-    session_ttl_s: int = 7 * 24 * 3600
-    finished_ttl_s: int = 3600
-    decision_stream_maxlen: int = 10_000
-    list_maxlen: int = 2048
-    wait_samples_maxlen: int = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class TurnStart:
-    session: str
-    turn: int
-    previous_state: str
-    #: The idle gap this request ended, when the session was idle.
-    observation: GapObservation | None
-    seq: int
-    inferred: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Uncounted:
-    """A turn Redis did not count (it was unavailable): forwarded untracked, fail open."""
-
-    session: str
-
-
-@dataclass(frozen=True, slots=True)
-class GapObservation:
-    stop_reason: str
-    tool: str
-    gap_s: float
-    #: What was predicted (or declared) for this gap, when known.
-    expected_s: float | None
-
-
-@dataclass(slots=True)
-class SessionUpdate:
-    """A change to one session record, with the decision it publishes.
-
-    ``live_score=None`` removes the session from the live index (finished), unless
-    ``keep_live`` leaves its position as it is; ``push`` names a
-    bounded list (``"waits"`` / ``"suspensions"``) and the value to push to it.
-    """
-
-    fields: dict[str, str] = field(default_factory=dict)
-    deleted: list[str] = field(default_factory=list)
-    live_score: float | None = None
-    keep_live: bool = False
-    ttl_s: int | None = None
-    decision: Decision | None = None
-    push: tuple[str, str] | None = None
-
-
-def parse_observation(entry: bytes | str) -> GapObservation | None:
-    """``stop_reason|tool|gap_s|expected_s`` -> observation; ``None`` if malformed."""
-    reason, tool, gap, expected = [*_text(entry).split("|"), "", "", "", ""][:4]
-    try:
-        return GapObservation(reason, tool, float(gap), float(expected) if expected else None)
-    except ValueError:
-        return None  # a malformed entry (a foreign writer) is skipped, never fatal
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-class StateStore:
+class StateStore(SamplesAndConfig):
     """Async access to everything the sidecar keeps in Redis."""
 
     def __init__(
@@ -201,9 +118,9 @@ class StateStore:
         )
         sid, turn, prev_state, observed, seq, inferred = raw
         return TurnStart(
-            session=_text(sid),
+            session=text(sid),
             turn=int(turn),
-            previous_state=_text(prev_state),
+            previous_state=text(prev_state),
             observation=parse_observation(observed) if observed else None,
             seq=int(seq),
             inferred=bool(int(inferred)),
@@ -336,7 +253,7 @@ class StateStore:
         raw = await self._call("get_session", lambda: self.client.hgetall(key))
         if not raw:
             return None
-        return SessionRecord.from_hash({_text(f): _text(v) for f, v in raw.items()})
+        return SessionRecord.from_hash({text(f): text(v) for f, v in raw.items()})
 
     async def list_sessions(
         self, tenant: str, *, limit: int, offset: int = 0
@@ -349,7 +266,7 @@ class StateStore:
         )
         if not ids:
             return []
-        names = [_text(i) for i in ids]
+        names = [text(i) for i in ids]
 
         async def fetch() -> list[Any]:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -362,7 +279,7 @@ class StateStore:
         expired: list[str] = []
         for name, raw in zip(names, records, strict=True):
             if raw:
-                out.append(SessionRecord.from_hash({_text(f): _text(v) for f, v in raw.items()}))
+                out.append(SessionRecord.from_hash({text(f): text(v) for f, v in raw.items()}))
             else:
                 expired.append(name)
         if expired:
@@ -405,7 +322,7 @@ class StateStore:
         out: list[tuple[str, Decision]] = []
         for _stream, entries in raw or []:
             for entry_id, fields in entries:
-                out.append((_text(entry_id), decode_decision(fields[b"d"])))
+                out.append((text(entry_id), decode_decision(fields[b"d"])))
         return out
 
     async def last_decision_id(self) -> str:
@@ -413,93 +330,7 @@ class StateStore:
         raw: Any = await self._call(
             "tail_decisions", lambda: self.client.xrevrange(stream, count=1)
         )
-        return _text(raw[0][0]) if raw else "0-0"
-
-    async def gap_observations(self, tenant: str, count: int) -> list[GapObservation]:
-        """Observed gaps, oldest first (the order the predictor must learn them in)."""
-        key = self.keys.gap_observations(tenant)
-        raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
-        out: list[GapObservation] = []
-        for i, item in enumerate(reversed(raw)):
-            observation = parse_observation(item)
-            if observation is not None:
-                out.append(observation)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # thousands of entries: let proxied requests through
-        return out
-
-    async def gap_log_head(self, tenant: str) -> tuple[int, str]:
-        """``(length, newest entry)`` of the gap log: cheap change detection for refreshes."""
-        key = self.keys.gap_observations(tenant)
-
-        async def fetch() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.llen(key)
-                pipe.lindex(key, 0)
-                return list(await pipe.execute())
-
-        length, head = await self._call("gap_observations", fetch)
-        return int(length), _text(head) if head is not None else ""
-
-    async def float_samples(self, which: str, count: int) -> list[float]:
-        """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
-        key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
-        raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
-        out = []
-        for i, item in enumerate(raw):
-            try:
-                out.append(float(_text(item)))
-            except ValueError:
-                continue
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
-        return out
-
-    async def add_wait_samples(self, waits: Sequence[float]) -> int:
-        key, limit = self.keys.waits, self.limits.wait_samples_maxlen
-
-        async def push() -> list[Any]:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.lpush(key, *(repr(float(w)) for w in waits))
-                pipe.ltrim(key, 0, limit - 1)
-                pipe.llen(key)
-                return list(await pipe.execute())
-
-        result = await self._call("waits", push)
-        return int(result[-1])
-
-    # --- runtime configuration --------------------------------------------------------------
-
-    async def get_config(self) -> dict[str, Any] | None:
-        key = self.keys.config
-        raw = await self._call("config", lambda: self.client.get(key))
-        if raw is None:
-            return None
-        value = msgspec.json.decode(raw)
-        return value if isinstance(value, dict) else None
-
-    async def update_config(
-        self, mutate: Callable[[dict[str, Any] | None], Mapping[str, Any]]
-    ) -> dict[str, Any]:
-        """Optimistic read-modify-write of the config document (WATCH / MULTI)."""
-        key = self.keys.config
-
-        async def transact() -> dict[str, Any]:
-            async with self.client.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        await pipe.watch(key)
-                        raw = await pipe.get(key)
-                        current = msgspec.json.decode(raw) if raw is not None else None
-                        updated = dict(mutate(current if isinstance(current, dict) else None))
-                        pipe.multi()  # type: ignore[no-untyped-call]
-                        pipe.set(key, msgspec.json.encode(updated))
-                        await pipe.execute()
-                        return updated
-                    except aioredis.WatchError:
-                        continue
-
-        return await self._call("config", transact)
+        return text(raw[0][0]) if raw else "0-0"
 
     async def ping(self) -> bool:
         return bool(await self._call("ping", self.client.ping))

@@ -11,7 +11,8 @@ import redis.asyncio as aioredis
 
 from service.state.breaker import Breaker
 from service.state.keys import Keys
-from service.state.store import SessionUpdate, StateStore, StoreLimits
+from service.state.records import SessionUpdate, StoreLimits
+from service.state.store import StateStore
 from service.wire.decision_codec import decision_parts, decode_decision
 from service.wire.push import Decision
 
