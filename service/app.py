@@ -38,7 +38,8 @@ from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
-from service.push.server import PushSecurity, PushServer
+from service.push.security import PushSecurity
+from service.push.server import PushServer
 from service.settings import Settings
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.connection import HiredisPackedConnection
