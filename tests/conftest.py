@@ -25,20 +25,29 @@ import redis
 
 from service.processes import free_port, redis_argv, redis_executable
 
-__all__ = ["RedisProcess", "free_port", "wait_for"]
+__all__ = ["RedisProcess", "free_port", "poll", "wait_for"]
 
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
-    """Poll ``predicate`` until it returns something truthy, and return that."""
+def poll(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
+    """The one polling loop of the tests: ``predicate()`` until it is truthy or time is up;
+    returns its last value (falsy on a timeout). Tests wait on the thing they need, never sleep
+    for it."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
-        if value:
+        if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval_s)
-    raise AssertionError("condition not reached")
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that."""
+    value = poll(predicate, timeout_s, interval_s)
+    if not value:
+        raise AssertionError("condition not reached")
+    return value
 
 
 class RedisProcess:

@@ -47,6 +47,9 @@ class TierPolicy(ABC):
     unbounded: ClassVar[bool] = False
     #: The ``notier`` reference: the tier has no room at all, whatever it was given.
     no_capacity: ClassVar[bool] = False
+    #: An admission policy: ``select_victims`` refuses stores by design (a gate), not only
+    #: when it cannot free enough (the contract tests expect it to refuse under pressure).
+    admission: ClassVar[bool] = False
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         unknown = set(params or {}) - set(self.defaults)

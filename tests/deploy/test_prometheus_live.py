@@ -23,6 +23,7 @@ import uvicorn
 import yaml
 
 from service.processes import free_port
+from tests.conftest import poll
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -144,12 +145,7 @@ def _query(url: str, expr: str) -> list[dict[str, Any]]:
 
 
 def _wait_for(url: str, expr: str, timeout_s: float = 30) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = _query(url, expr)
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.5)
+    return poll(lambda: _query(url, expr), timeout_s, interval_s=0.5)
 
 
 def _dashboard_exprs(repo: Path) -> list[str]:

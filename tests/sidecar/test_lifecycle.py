@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from service.settings import TenantSpec
+from tests.conftest import poll
 
 CHAT = "/v1/chat/completions"
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -19,13 +21,16 @@ def _chat(messages=None, model="echo", **extra):
 
 
 def _wait_state(client, session, state, headers=None, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = client.get(f"/v1/sessions/{session}", headers=headers or {}).json()
-        if record.get("state") == state:
-            return record
-        time.sleep(0.02)
-    raise AssertionError(f"session {session} never reached {state}: {record}")
+    seen: list[dict[str, Any]] = []
+
+    def reached():
+        seen.append(client.get(f"/v1/sessions/{session}", headers=headers or {}).json())
+        return seen[-1] if seen[-1].get("state") == state else None
+
+    record = poll(reached, timeout_s)
+    if record is None:
+        raise AssertionError(f"session {session} never reached {state}: {seen[-1]}")
+    return record
 
 
 def test_suspend_resume_end_cycle(client):
