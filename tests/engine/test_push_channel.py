@@ -160,13 +160,14 @@ def test_no_sidecar_nothing_queues(policy):
 def test_sidecar_starting_after_the_engine_gets_a_hello_at_once(policy):
     from engine_adapter.push_client import PushClient
     from service.wire.push import Hello
-    from tests.conftest import free_port
+    from tests.conftest import free_port, wait_for
 
     port = free_port()
     push = PushClient(f"tcp://127.0.0.1:{port}", policy, hello_interval_s=60.0)
     push.start()
     try:
-        time.sleep(0.3)  # the adapter's first Hello found nobody
+        # The adapter's first Hello found nobody (dropped: no sidecar to queue it for).
+        assert wait_for(lambda: push.counters["send_dropped"] >= 1, timeout_s=10)
         late = RouterPeer(port=port)
         try:
             # Retried until sent, not after the 60 s interval.

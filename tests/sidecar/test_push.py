@@ -17,6 +17,7 @@ from service.wire.push import (
     decode,
     encode,
 )
+from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -71,7 +72,8 @@ def test_hello_snapshot_then_decisions_in_sequence(pushed):
     with httpx.Client(base_url=server.url) as http:
         chat = {"model": "echo", "messages": [{"role": "user", "content": "x"}]}
         http.post(CHAT, json=chat, headers={"X-Tenure-Session": "before"})
-        time.sleep(0.2)
+        # The turn's end is recorded off the response path: wait for it, not a while.
+        wait_for(lambda: http.get("/v1/sessions/before").json().get("state") == "idle")
         peer.send(Hello(adapter_id="a1", last_seq=-1))
         snap = peer.receive(Snapshot)
         assert snap.config.policy_mode == "tenure"
