@@ -31,6 +31,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
+    "calibrate-profile": (
+        "service.calibrate.profile_cli",
+        "measure the simulator's CPU hardware profile on the live A/B's engine",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),

@@ -46,6 +46,10 @@ class HardwareProfile:
     hbm_efficiency: float  # achieved fraction of HBM bandwidth in memory-bound steps
     pcie_efficiency: float  # achieved fraction of PCIe bandwidth for pinned host copies
     tp_efficiency: float  # fraction of linear scaling kept under tensor parallelism
+    # Fixed cost of one engine step beyond its roofline (scheduling, sampling, the Python
+    # around the kernels): negligible against an 8B model's GPU steps (0 there), dominant for
+    # a tiny model on CPU, where it is measured (``tenure calibrate-profile``).
+    step_overhead_s: float = 0.0
 
     def kv_pool_bytes(self) -> float:
         """GPU memory left for the KV cache, as vLLM sizes it."""
@@ -72,7 +76,7 @@ class HardwareProfile:
         compute = flops / (self.bf16_dense_flops_per_gpu * self.mfu * scale)
         moved = self.weight_bytes + self.kv_bytes_per_token * kv_tokens_read
         memory = moved / (self.hbm_bandwidth_per_gpu * self.hbm_efficiency * scale)
-        return compute if compute > memory else memory
+        return self.step_overhead_s + (compute if compute > memory else memory)
 
 
 # Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json): 32 layers, hidden 4096, 32 heads,
@@ -170,6 +174,39 @@ PROFILES: dict[str, HardwareProfile] = {
         **_EFFICIENCY,
     ),
 }
+
+
+# The live A/B's engine (``tenure up``): vLLM's CPU build serving the tiny random-weight Llama
+# (engine_adapter.testing.tiny_model: hidden 256, MLP 512, 2 layers, 4 heads x 64, vocabulary
+# 2056) in float32 on this 2-core VM. Shape and batch limits are the engine's configuration
+# (service.live.cli.ENGINE_DEFAULTS); the speeds are measured with `tenure calibrate-profile`
+# (vLLM's own per-request prefill/decode timers and its offloading worker's transfer counters;
+# results/live/profile_cpu.json), never fitted to a replay result. The pool and host tier are
+# set per run to the live engine's (service.live.simulated.profile_for).
+_TINY_PARAMS = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2056
+PROFILES["cpu-tiny-fp32"] = HardwareProfile(
+    name="cpu-tiny-fp32",
+    description="vLLM CPU (2 vCPU, AVX2), tiny Llama float32 (the live A/B's engine)",
+    gpus=1,
+    hbm_bytes_per_gpu=200 * 32 * 4096 + _TINY_PARAMS * 4,
+    hbm_bandwidth_per_gpu=5e9,
+    bf16_dense_flops_per_gpu=30e9,
+    pcie_bandwidth_per_gpu=1e9,
+    params=float(_TINY_PARAMS),
+    weight_bytes=float(_TINY_PARAMS * 4),
+    layers=2,
+    attention_width=256,
+    kv_bytes_per_token=2 * 2 * 256 * 4,
+    gpu_memory_utilization=1.0,
+    runtime_reserve_bytes=0.0,
+    max_num_batched_tokens=2048,
+    max_num_seqs=8,
+    mfu=1.0,
+    hbm_efficiency=1.0,
+    pcie_efficiency=1.0,
+    tp_efficiency=1.0,
+    step_overhead_s=0.008,
+)
 
 
 def get_profile(name: str) -> HardwareProfile:
