@@ -10,7 +10,10 @@ After it runs, ``kv_connector_extra_config`` accepts, with no module paths:
   clashing with vLLM's built-ins as ``"tenure-lru"`` / ``"tenure-arc"``;
 * ``"spec_name"``: ``"TenureOffloadingSpec"`` (GPU hosts: stock worker, Tenure's manager),
   ``"TenureCPUOffloadingSpec"`` (vLLM's CPU platform) and ``"CPUHostOffloadingSpec"`` (the stock
-  manager on the CPU platform, for baselines).
+  manager on the CPU platform, for baselines), ``"TenureCPUTieringSpec"`` (vLLM's tiering spec,
+  DRAM + secondary tiers, on the CPU platform);
+* ``secondary_tiers`` entries of ``"type": "tenure-fs"`` (the ``fs`` SSD tier with Tenure's
+  segment-aware store admission, deletion and wear accounting, :mod:`engine_adapter.tiering`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-__all__ = ["SPECS", "register", "registered_policy_names"]
+__all__ = ["SPECS", "TIERS", "register", "registered_policy_names"]
 
 log = logging.getLogger("vllm.tenure")
 
@@ -26,6 +29,11 @@ SPECS: dict[str, tuple[str, str]] = {
     "TenureOffloadingSpec": ("engine_adapter.spec", "TenureOffloadingSpec"),
     "TenureCPUOffloadingSpec": ("engine_adapter.cpu_spec", "TenureCPUOffloadingSpec"),
     "CPUHostOffloadingSpec": ("engine_adapter.cpu_spec", "CPUHostOffloadingSpec"),
+    "TenureCPUTieringSpec": ("engine_adapter.tiering_spec", "TenureCPUTieringSpec"),
+}
+#: Secondary tier types for ``TieringOffloadingSpec``'s ``secondary_tiers``.
+TIERS: dict[str, tuple[str, str]] = {
+    "tenure-fs": ("engine_adapter.tiering", "TenureFsTier"),
 }
 
 
@@ -61,3 +69,8 @@ def register() -> None:
     for spec_name, (module, cls) in SPECS.items():
         with contextlib.suppress(ValueError):
             OffloadingSpecFactory.register_spec(spec_name, module, cls)
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    for tier_type, (module, cls) in TIERS.items():
+        with contextlib.suppress(ValueError):
+            SecondaryTierFactory.register_tier(tier_type, module, cls)

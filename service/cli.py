@@ -35,6 +35,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.profile_cli",
         "measure the simulator's CPU hardware profile on the live A/B's engine",
     ),
+    "train-ranker": (
+        "service.replay.ranker_cli",
+        "train the worker-lifetime ranker on a trace's sub-agent spawns",
+    ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("service.api.bench", "added latency and throughput of the proxy"),

@@ -1,6 +1,7 @@
 """``tenure replay ladder`` and ``tenure replay sweep``: the policy ladder on a trace.
 
-(``tenure replay ttl``, the approval-gate host TTL replay, lives in :mod:`service.replay.ttl_cli`.)
+(``tenure replay ttl``, the approval-gate host TTL replay, lives in :mod:`service.replay.ttl_cli`;
+``tenure replay placement``, SSD-tier placement, in :mod:`service.replay.placement_cli`.)
 
 Bad input (a malformed or truncated trace, an unknown policy or hardware name, a negative rate
 or capacity) raises :class:`~service.cli.UsageError`: one line, exit code 2, no traceback.
@@ -80,10 +81,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--values", required=True, help="comma-separated values")
     sweep.set_defaults(func=_sweep)
     from service.replay import ttl_cli
+    from service.replay.placement_cli import add_placement_command
 
     ttl_cli.configure(
         subs.add_parser("ttl", help="approval-gate host TTL: Table 6 and a drift day")
     )
+    add_placement_command(subs)
 
     def _no_command(args: argparse.Namespace) -> int:
         parser.print_help()

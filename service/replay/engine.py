@@ -46,6 +46,10 @@ a rewritten last block), that dead tail is dropped from the host tier at once
 
 Sessions whose largest call cannot fit the GPU KV pool are skipped whole (and counted): vLLM
 would reject such a prompt.
+
+With ``ReplayConfig.tiering`` an SSD tier sits below the host tier, governed by a placement
+policy: :mod:`service.replay.tiering` creates the host tier and is called at the lookup, load,
+store, arrival and completion hooks marked ``self.lower`` (nothing changes without it).
 """
 
 from __future__ import annotations
@@ -58,13 +62,16 @@ from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from service.policy import GapPredictor, HostTier, SessionHint, create_policy, policy_class
 from service.policy.types import Run
 from service.replay.gpu_pool import GpuPrefixCache
 from service.replay.hardware import GIB, HardwareProfile
 from service.replay.model import Trace, slice_runs
+
+if TYPE_CHECKING:
+    from service.replay.tiering import LowerTier, TieringConfig
 
 __all__ = ["ReplayConfig", "RunResult", "simulate"]
 
@@ -80,6 +87,8 @@ class ReplayConfig:
     arrival_rate: float  # root sessions per second (Poisson)
     seed: int
     policy_params: Mapping[str, float] | None = None
+    #: An SSD tier below the host tier and its placement (``None``: the host tier only).
+    tiering: TieringConfig | None = None
 
 
 @dataclass(slots=True)
@@ -108,6 +117,8 @@ class RunResult:
     p95_live_working_set_gib: float = 0.0
     sessions_skipped_oversize: int = 0
     sessions_run: int = 0
+    #: The SSD tier's report (:meth:`service.replay.tiering.LowerTier.report`), when modelled.
+    tiering: dict[str, Any] = field(default_factory=dict)
 
     @property
     def turns(self) -> int:
@@ -182,7 +193,14 @@ class _Sim:
         self.drop_dead_tails = cls.hint_source != "none"
         policy = create_policy(config.policy, config.policy_params)
         capacity = int(config.host_gib * GIB // self.block_bytes)
-        self.tier = HostTier(policy, capacity)
+        self.lower: LowerTier | None = None
+        if config.tiering is None:
+            self.tier = HostTier(policy, capacity)
+        else:
+            from service.replay.tiering import LowerTier
+
+            self.lower = LowerTier(self, config.tiering)
+            self.tier = self.lower.host_tier(policy, capacity)
         for seg, owner in enumerate(trace.segment_owner):
             got = self.tier.segment(seg, session=trace.sessions[owner].id)
             if got != seg:
@@ -281,6 +299,8 @@ class _Sim:
             self.gaps.observe(self.prev_stop[session], now - self.prev_done[session])
             if self.drop_dead_tails:
                 self._drop_dead(session, sess.turns[k - 1].context, turn.context)
+        if self.lower is not None:
+            self.lower.on_arrival(session, k, now)
         self._set_live(now, session, turn.blocks)
         req = _Request(session, k, now, turn.context)
         req.extra_blocks = self._extra_blocks(turn.input_tokens, req.n_blocks, turn.output_tokens)
@@ -318,7 +338,15 @@ class _Sim:
                 return  # FCFS: the head waits until it fits
             self.waiting.popleft()
             req.gpu_hit = g
-            h = self.tier.lookup(slice_runs(req.runs, g)) if g < req.n_blocks else 0
+            ssd_hit = 0
+            if g >= req.n_blocks:
+                h = 0
+            elif self.lower is None:
+                h = self.tier.lookup(slice_runs(req.runs, g))
+            else:
+                sid = self.trace.sessions[req.session].id
+                h, ssd_hit = self.lower.lookup(req.runs, g, sid, now)
+                h += ssd_hit
             req.host_hit = h
             turn = self.trace.sessions[req.session].turns[req.turn]
             cached = (g + h) * self.bt
@@ -331,10 +359,14 @@ class _Sim:
             if h > 0:
                 nbytes = h * self.block_bytes
                 self.result.host_bytes_loaded += nbytes
-                start = max(now, self.pcie_free_at)
-                self.pcie_free_at = start + nbytes / self.hw.load_bandwidth()
+                if self.lower is None:
+                    start = max(now, self.pcie_free_at)
+                    self.pcie_free_at = start + nbytes / self.hw.load_bandwidth()
+                    done = self.pcie_free_at
+                else:
+                    done = self.lower.load_done(now, h - ssd_hit, ssd_hit)
                 self.loading += 1
-                self.push(self.pcie_free_at, _LOAD, req)
+                self.push(done, _LOAD, req)
             else:
                 self.running.append(req)
 
@@ -417,6 +449,8 @@ class _Sim:
             # refuses an offer larger than what it could ever free), so skip the repeat.
             return
         runs = slice_runs(req.runs, req.offer_idx, done)
+        if self.lower is not None:
+            runs = self.lower.filter_offer(runs)
         missing = self.tier.missing(runs)
         sid = self.trace.sessions[req.session].id
         res = self.tier.store(runs, sid, now)
@@ -424,6 +458,8 @@ class _Sim:
             req.offer_idx = done
             req.inserted.extend(missing)
             self.result.host_bytes_stored += res.stored_blocks * self.block_bytes
+            if self.lower is not None:
+                self.lower.stored(missing, sid, now)
         else:
             req.refused_at = done
         self.arm_timer(now)
@@ -439,6 +475,8 @@ class _Sim:
         used = slice_runs(req.runs, req.access_start, req.n_blocks)
         self.tier.access(used, now, session=sid, inserted=req.inserted)
         self.gpu.release(req.runs, req.extra_blocks)
+        if self.lower is not None:
+            self.lower.on_complete(session, req.turn, now)
         if self.hint_source == "predicted" and not turn.last:
             gap = self.gaps.predict(turn.stop)
             self.tier.hint(sid, SessionHint(expected_gap_s=gap), now)
@@ -522,6 +560,8 @@ class _Sim:
         res.p95_live_sessions = live_p95
         if res.first_arrival_s == math.inf:
             res.first_arrival_s = 0.0
+        if self.lower is not None:
+            res.tiering = self.lower.report()
         return res
 
     def run(self) -> RunResult:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROFILES", "HardwareProfile", "get_profile"]
+from service.policy.endurance import Endurance
+
+__all__ = ["PROFILES", "SSD_PROFILES", "HardwareProfile", "SsdProfile", "get_profile", "get_ssd"]
 
 GB = 1e9
 GIB = 1024**3
@@ -215,4 +217,72 @@ def get_profile(name: str) -> HardwareProfile:
     profile = PROFILES.get(name)
     if profile is None:
         raise UsageError(f"unknown hardware {name!r}; valid: {', '.join(sorted(PROFILES))}")
+    return profile
+
+
+@dataclass(frozen=True, slots=True)
+class SsdProfile:
+    """An NVMe SSD as the offload hierarchy's secondary tier (vLLM's ``fs`` tier).
+
+    Bandwidths are the datasheet's sequential figures (128 KiB transfers): KV blocks are
+    megabytes each and the ``fs`` tier writes one file per block, so large-transfer rates apply.
+    """
+
+    name: str
+    description: str
+    capacity_bytes: float
+    read_bandwidth: float  # bytes/s
+    write_bandwidth: float  # bytes/s
+    dwpd: float  # rated drive writes per day over the warranty
+    warranty_years: float
+    source: str
+
+    @property
+    def endurance(self) -> Endurance:
+        """Rated endurance: ``DWPD x capacity x 365 x warranty_years`` (= the datasheet TBW)."""
+        return Endurance.from_dwpd(self.dwpd, self.capacity_bytes, self.warranty_years)
+
+    def endurance_for(self, capacity_bytes: float) -> Endurance:
+        """The family's endurance at another capacity (DWPD is the per-capacity rating)."""
+        return Endurance.from_dwpd(self.dwpd, capacity_bytes, self.warranty_years)
+
+
+TB = 1e12
+MB = 1e6
+
+# Micron 7450 SSD product brief and datasheet (micron.com, "Micron 7450 SSD", PCIe Gen4 NVMe,
+# U.3 15 mm): the PRO line is rated 1 DWPD and the MAX line 3 DWPD, both over a 5-year limited
+# warranty; U.3 sequential read 6,800 MB/s; sequential write 5,300 MB/s at 3.84 TB (PRO) and
+# 3.2 TB (MAX). Rated TBW = DWPD x capacity x 365 x 5: 7,008 TB for the 3.84 TB PRO (Micron
+# quotes 7.0 PBW), 17,520 TB for the 3.2 TB MAX (17.5 PBW).
+SSD_PROFILES: dict[str, SsdProfile] = {
+    "micron-7450-pro-3.84tb": SsdProfile(
+        name="micron-7450-pro-3.84tb",
+        description="Micron 7450 PRO 3.84 TB U.3 (read-intensive, 1 DWPD / 5 y)",
+        capacity_bytes=3.84 * TB,
+        read_bandwidth=6800 * MB,
+        write_bandwidth=5300 * MB,
+        dwpd=1.0,
+        warranty_years=5.0,
+        source="Micron 7450 SSD product brief / datasheet (micron.com)",
+    ),
+    "micron-7450-max-3.2tb": SsdProfile(
+        name="micron-7450-max-3.2tb",
+        description="Micron 7450 MAX 3.2 TB U.3 (mixed-use, 3 DWPD / 5 y)",
+        capacity_bytes=3.2 * TB,
+        read_bandwidth=6800 * MB,
+        write_bandwidth=5300 * MB,
+        dwpd=3.0,
+        warranty_years=5.0,
+        source="Micron 7450 SSD product brief / datasheet (micron.com)",
+    ),
+}
+
+
+def get_ssd(name: str) -> SsdProfile:
+    from service.cli import UsageError
+
+    profile = SSD_PROFILES.get(name)
+    if profile is None:
+        raise UsageError(f"unknown SSD {name!r}; valid: {', '.join(sorted(SSD_PROFILES))}")
     return profile

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.replay.loaders import load_trace
+from service.replay.loaders.claude_code_meta import TraceMeta, load_claude_code_meta
 from service.replay.model import Trace
 from service.replay.paths import claude_code_trace, mooncake_trace
 
@@ -36,3 +37,9 @@ def claude(claude_path: Path) -> Trace:
 def claude_small(claude: Trace) -> Trace:
     """A dozen sessions, two of them with sub-agents (root 0 holds the first sub-agents)."""
     return claude.subset(claude.roots[:12])
+
+
+@pytest.fixture(scope="session")
+def claude_meta(claude_path: Path) -> TraceMeta:
+    """Per-call output types and sub-agent spawn records of the Claude Code trace."""
+    return load_claude_code_meta(claude_path)

@@ -1,0 +1,283 @@
+"""The worker ranker: predicted sub-agent lifetime from what the harness knows at spawn.
+
+Lachesis's predictive path needs only the *order* of live workers' lifetimes, predicted when
+each is spawned. A :class:`SpawnRecord` holds the spawn metadata an agent harness has at that
+moment (and the Claude Code trace records): the sub-agent type and model, the size of its
+starting context and of its tool and system prompts, whether it runs in the background, and
+where it sits in its session (the parent's turn, the parent's context size, its place in a
+fan-out of siblings spawned together, the time since the session started).
+
+Two rankers share one interface (``predict_lifetime_s``):
+
+* :class:`RidgeRanker` — a linear model on standardised features predicting ``log`` lifetime,
+  trained offline by ``tenure train-ranker`` (:mod:`service.policy.ranker_fit`) and saved as a
+  small JSON artefact (no pickle): :meth:`RidgeRanker.load` / :meth:`RidgeRanker.to_json`.
+* :class:`HeuristicRanker` — the documented fallback when no artefact is loaded: the median
+  lifetime of the sub-agent's type as measured on the Claude Code trace (``Explore`` 115 s,
+  ``general-purpose`` 298 s, ``Plan`` 367 s; anything else 136 s, the median over all 41
+  sub-agents), ties broken by spawn order (the predictive path does that).
+
+A bad artefact raises :class:`RankerArtefactError` with a one-line message. Pure: no I/O
+besides :meth:`RidgeRanker.load` reading the file it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = [
+    "ARTEFACT_FORMAT",
+    "NUMERIC_FEATURES",
+    "HeuristicRanker",
+    "RankerArtefactError",
+    "RidgeRanker",
+    "SpawnRecord",
+    "WorkerRanker",
+    "feature_vector",
+    "model_family",
+]
+
+ARTEFACT_FORMAT = "tenure-worker-ranker"
+ARTEFACT_VERSION = 1
+
+#: Median recorded lifetime (seconds) per sub-agent type over the 41 sub-agents of
+#: ``../shared/traces/claude_code/sessions.jsonl.gz`` (``duration_ms``, or the last inner call's
+#: end for background agents that record none).
+TYPE_MEDIAN_LIFETIME_S: Mapping[str, float] = {
+    "Explore": 115.5,
+    "general-purpose": 298.3,
+    "Plan": 366.8,
+}
+ALL_MEDIAN_LIFETIME_S = 135.7
+
+#: Numeric features, in vector order (categoricals follow, one-hot).
+NUMERIC_FEATURES = (
+    "log_context_tokens",
+    "log_instruction_tokens",
+    "log_tool_tokens",
+    "log_system_tokens",
+    "log_parent_turn",
+    "log_parent_context_tokens",
+    "log_session_elapsed_s",
+    "fanout",
+    "sibling_index",
+    "background",
+)
+CATEGORICAL_FEATURES = ("subagent_type", "model_family")
+
+
+class RankerArtefactError(ValueError):
+    """The ranker artefact cannot be used (missing, not JSON, wrong format or shape)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnRecord:
+    """What the harness knows when it spawns a sub-agent."""
+
+    subagent_type: str = ""
+    model: str = ""
+    context_tokens: int = 0  # the worker's first request: system + tools + instruction
+    tool_tokens: int = 0
+    system_tokens: int = 0
+    background: bool = False
+    parent_turn: int = 0  # the parent's turn (call index) the spawn follows
+    parent_context_tokens: int = 0
+    fanout: int = 1  # workers spawned together (in one parent gap), itself included
+    sibling_index: int = 0  # 0-based position in that fan-out
+    session_elapsed_s: float = 0.0
+
+    @property
+    def instruction_tokens(self) -> int:
+        return max(0, self.context_tokens - self.tool_tokens - self.system_tokens)
+
+    def numeric(self) -> list[float]:
+        return [
+            math.log1p(max(0, self.context_tokens)),
+            math.log1p(self.instruction_tokens),
+            math.log1p(max(0, self.tool_tokens)),
+            math.log1p(max(0, self.system_tokens)),
+            math.log1p(max(0, self.parent_turn)),
+            math.log1p(max(0, self.parent_context_tokens)),
+            math.log1p(max(0.0, self.session_elapsed_s)),
+            float(max(1, self.fanout)),
+            float(max(0, self.sibling_index)),
+            1.0 if self.background else 0.0,
+        ]
+
+    def categories(self) -> dict[str, str]:
+        return {"subagent_type": self.subagent_type, "model_family": model_family(self.model)}
+
+
+def model_family(model: str) -> str:
+    """``claude-haiku-4-5-20251001`` -> ``haiku``; unknown names -> ``other``."""
+    low = model.lower()
+    for family in ("haiku", "sonnet", "opus", "qwen", "llama", "deepseek", "gpt"):
+        if family in low:
+            return family
+    return "other" if low else ""
+
+
+class WorkerRanker(Protocol):
+    name: str
+
+    def predict_lifetime_s(self, record: SpawnRecord) -> float: ...
+
+
+def feature_vector(record: SpawnRecord, vocab: Mapping[str, Sequence[str]]) -> list[float]:
+    """Numeric features, then one one-hot column per vocabulary value of each categorical."""
+    vec = record.numeric()
+    cats = record.categories()
+    for name in CATEGORICAL_FEATURES:
+        vec.extend(1.0 if cats.get(name) == v else 0.0 for v in vocab.get(name, ()))
+    return vec
+
+
+class HeuristicRanker:
+    """Median lifetime of the sub-agent's type (see the module docstring)."""
+
+    name = "heuristic-type"
+
+    def __init__(
+        self,
+        table: Mapping[str, float] = TYPE_MEDIAN_LIFETIME_S,
+        default_s: float = ALL_MEDIAN_LIFETIME_S,
+    ) -> None:
+        self.table = dict(table)
+        self.default_s = default_s
+
+    def predict_lifetime_s(self, record: SpawnRecord) -> float:
+        return self.table.get(record.subagent_type, self.default_s)
+
+
+class RidgeRanker:
+    """Ridge regression on standardised spawn features, predicting log lifetime."""
+
+    name = "ridge"
+
+    def __init__(
+        self,
+        vocab: Mapping[str, Sequence[str]],
+        mean: Sequence[float],
+        scale: Sequence[float],
+        weights: Sequence[float],
+        intercept: float,
+        alpha: float,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.vocab = {k: list(v) for k, v in vocab.items()}
+        width = len(NUMERIC_FEATURES) + sum(len(v) for v in self.vocab.values())
+        for label, values in (("mean", mean), ("scale", scale), ("weights", weights)):
+            if len(values) != width:
+                raise RankerArtefactError(
+                    f"ranker artefact: {label} has {len(values)} values, features need {width}"
+                )
+        self.mean = [float(v) for v in mean]
+        self.scale = [float(v) if float(v) > 0 else 1.0 for v in scale]
+        self.weights = [float(v) for v in weights]
+        self.intercept = float(intercept)
+        self.alpha = float(alpha)
+        self.meta = dict(meta or {})
+
+    def features(self, record: SpawnRecord) -> list[float]:
+        """The raw (unstandardised) feature vector: numeric, then one-hot categoricals."""
+        return feature_vector(record, self.vocab)
+
+    def feature_names(self) -> list[str]:
+        names = list(NUMERIC_FEATURES)
+        for name in CATEGORICAL_FEATURES:
+            names.extend(f"{name}={v}" for v in self.vocab.get(name, []))
+        return names
+
+    def predict_log(self, record: SpawnRecord) -> float:
+        x = self.features(record)
+        return self.intercept + sum(
+            w * (v - m) / s
+            for w, v, m, s in zip(self.weights, x, self.mean, self.scale, strict=True)
+        )
+
+    def predict_lifetime_s(self, record: SpawnRecord) -> float:
+        return math.exp(min(self.predict_log(record), 700.0))
+
+    # --- the artefact -------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": ARTEFACT_FORMAT,
+            "version": ARTEFACT_VERSION,
+            "target": "log_lifetime_s",
+            "features": self.feature_names(),
+            "vocab": self.vocab,
+            "mean": self.mean,
+            "scale": self.scale,
+            "weights": self.weights,
+            "intercept": self.intercept,
+            "alpha": self.alpha,
+            **self.meta,
+        }
+
+    def save(self, path: Path) -> None:
+        path.write_text(
+            json.dumps(self.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n",
+            encoding="utf-8",
+        )
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "ranker artefact") -> RidgeRanker:
+        if not isinstance(doc, dict):
+            raise RankerArtefactError(f"{where}: expected a JSON object")
+        if doc.get("format") != ARTEFACT_FORMAT:
+            raise RankerArtefactError(f"{where}: not a {ARTEFACT_FORMAT} artefact")
+        if doc.get("version") != ARTEFACT_VERSION:
+            raise RankerArtefactError(
+                f"{where}: version {doc.get('version')!r} unsupported (expected {ARTEFACT_VERSION})"
+            )
+        vocab = doc.get("vocab")
+        if not isinstance(vocab, dict) or set(vocab) != set(CATEGORICAL_FEATURES):
+            raise RankerArtefactError(f"{where}: 'vocab' must map {list(CATEGORICAL_FEATURES)}")
+        for key, values in vocab.items():
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise RankerArtefactError(f"{where}: vocab {key!r} must be a list of strings")
+        numbers: dict[str, list[float]] = {}
+        for key in ("mean", "scale", "weights"):
+            values = doc.get(key)
+            if not isinstance(values, list) or not all(_finite(v) for v in values):
+                raise RankerArtefactError(f"{where}: {key!r} must be a list of finite numbers")
+            numbers[key] = [float(v) for v in values]
+        for key in ("intercept", "alpha"):
+            if not _finite(doc.get(key)):
+                raise RankerArtefactError(f"{where}: {key!r} must be a finite number")
+        meta = {k: v for k, v in doc.items() if k in ("trained_on", "evaluation")}
+        return cls(
+            vocab,
+            numbers["mean"],
+            numbers["scale"],
+            numbers["weights"],
+            float(doc["intercept"]),
+            float(doc["alpha"]),
+            meta,
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> RidgeRanker:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RankerArtefactError(
+                f"{path}: cannot read ranker artefact ({exc.strerror})"
+            ) from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RankerArtefactError(
+                f"{path}: not JSON ({exc.msg} at line {exc.lineno})"
+            ) from None
+        return cls.from_json(doc, str(path))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
