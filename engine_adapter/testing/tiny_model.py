@@ -24,14 +24,16 @@ __all__ = [
 ]
 
 #: Bump when the layout changes, so stale cached copies are rebuilt.
-TINY_MODEL_VERSION = "tiny-llama-v2"
+TINY_MODEL_VERSION = "tiny-llama-v3"
 #: The tool the vocabulary can call, as its quoted JSON string token.
 TOOL_NAME = "bash"
-#: JSON punctuation and the quoted strings of a tool call (``:`` is already a chat-template
-#: token). Whole quoted strings are single tokens, so the tokenizer's space-joined decoding and
-#: the grammar engine's raw concatenation both read as the same JSON: vLLM's structured output
-#: can then make even this random model answer ``tool_choice="required"`` with a real tool call.
-JSON_TOKENS = ["[", "]", "{", "}", ",", '"name"', '"parameters"', f'"{TOOL_NAME}"']
+#: The pieces of the one tool call the vocabulary can spell, ``[{"name": "bash"
+#: ,"parameters":{}}]``: vLLM's structured output for ``tool_choice="required"`` (a JSON array
+#: of ``{"name", "parameters"}``) can then make even this random model answer with a real tool
+#: call, and since no other token starts or continues that JSON, the answer is always these 3
+#: tokens + EOS. Spaces fall only between JSON tokens, so the tokenizer's space-joined decoding
+#: and the grammar engine's raw concatenation read as the same JSON.
+JSON_TOKENS = ['[{"name":', f'"{TOOL_NAME}"', ',"parameters":{}}]']
 _SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 #: The word-level vocabulary of v1 (2048 entries) plus the JSON tokens.
 VOCAB_SIZE = 2048 + len(JSON_TOKENS)

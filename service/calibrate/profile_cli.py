@@ -27,8 +27,8 @@ def _tiny_shape() -> Any:
     from service.live.stack import kv_bytes_per_block
 
     # The tiny Llama (engine_adapter.testing.tiny_model): hidden 256, MLP 512, 2 layers,
-    # vocabulary 2056; matmul parameters = 2 x (4 x 256^2 + 3 x 256 x 512) + 256 x 2056.
-    params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2056
+    # vocabulary 2051; matmul parameters = 2 x (4 x 256^2 + 3 x 256 x 512) + 256 x 2051.
+    params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2051
     return ModelShape(
         params=float(params),
         weight_bytes=float(params * 4),  # float32

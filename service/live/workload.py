@@ -16,7 +16,7 @@ A call's prompt is one user message of those words; the chat template frames it 
 tokens before (``<s> user :``) and three after (``</s> assistant :``).
 
 **The answers.** A call whose recorded stop reason is ``tool_use`` is answered with a real tool
-call (``tool_choice="required"``: ``[{"name": "bash", "parameters": {}}]``, 12 tokens + EOS,
+call (``tool_choice="required"``: ``[{"name": "bash", "parameters": {}}]``, 3 tokens + EOS,
 finish reason ``tool_calls``); every other call (``end_turn``, and the trace's empty stop reason,
 99% of which a human's ``text`` input follows) with ``round(out / 64)`` words (1-8) + EOS,
 finish reason ``stop``. The simulator gets the same output lengths and stop reasons.
@@ -57,8 +57,8 @@ __all__ = [
 #: What the tiny model's chat template puts around one user message (see its generator).
 CHAT_PREFIX = ("<s>", "user", ":")
 CHAT_SUFFIX = ("</s>", "assistant", ":")
-#: ``[ { "name" : "bash" , "parameters" : { } } ]`` plus EOS (the tiny model's JSON tokens).
-TOOL_CALL_TOKENS = 13
+#: ``[{"name":`` ``"bash"`` ``,"parameters":{}}]`` plus EOS (the tiny model's JSON tokens).
+TOOL_CALL_TOKENS = 4
 #: Words of an end-of-turn answer: at least one, at most this many.
 MAX_ANSWER_WORDS = 8
 _TOOL_STOP = "tool_use"

@@ -180,12 +180,12 @@ PROFILES: dict[str, HardwareProfile] = {
 
 # The live A/B's engine (``tenure up``): vLLM's CPU build serving the tiny random-weight Llama
 # (engine_adapter.testing.tiny_model: hidden 256, MLP 512, 2 layers, 4 heads x 64, vocabulary
-# 2056) in float32 on this 2-core VM. Shape and batch limits are the engine's configuration
+# 2051) in float32 on this 2-core VM. Shape and batch limits are the engine's configuration
 # (service.live.cli.ENGINE_DEFAULTS); the speeds are measured with `tenure calibrate-profile`
 # (vLLM's own per-request prefill/decode timers and its offloading worker's transfer counters;
 # results/live/profile_cpu.json), never fitted to a replay result. The pool and host tier are
 # set per run to the live engine's (service.live.simulated.profile_for).
-_TINY_PARAMS = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2056
+_TINY_PARAMS = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2051
 PROFILES["cpu-tiny-fp32"] = HardwareProfile(
     name="cpu-tiny-fp32",
     description="vLLM CPU (2 vCPU, AVX2), tiny Llama float32 (the live A/B's engine)",
