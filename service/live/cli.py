@@ -3,10 +3,9 @@
 Order of work, so that bad input and an over-budget slice fail before anything starts: the
 flags are checked, the slice is cut and scaled (:mod:`service.live.workload`), the pool and
 host tier are sized by the pressure rule (:mod:`service.live.sizing`), both arms are simulated
-(their predicted duration is the budget check); then the two stacks start (in parallel: each
-arm gets its own fresh Redis, sidecar and engine; the second waits idle while the first runs),
-the arms run one after the other on the same arrival schedule, and each stack stops after its
-arm (the last one stays up with ``--keep-running``).
+(their predicted duration is the budget check); then the arms run one after the other on the
+same arrival schedule, each on its own fresh Redis, sidecar and engine, started before the arm
+and stopped after it (the last one stays up with ``--keep-running``).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import argparse
 import math
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +31,14 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "max_model_len": 4096,
 }
 DEFAULT_TRACE = Path("../shared/traces/claude_code/sessions.jsonl.gz")
-#: What starting a stack costs on this machine (an engine ~40 s), for the budget check.
-STARTUP_ESTIMATE_S = 60.0
-#: The full run and ``--quick``: (sessions, max turns, arrival rate, budget seconds).
-FULL = (16, 24, 0.25, 300.0)
-QUICK = (6, 12, 0.5, 90.0)
+#: What starting the two stacks costs on this machine (an engine ~35 s each, one after the
+#: other), for the budget check.
+STARTUP_ESTIMATE_S = 80.0
+#: The full run and ``--quick``: (sessions, max turns, arrival rate, time scale, gap cap,
+#: budget seconds). Chosen for the wall-clock budget (two engine starts, ~60 s in parallel on
+#: this 2-core VM, then two arms in turn), before looking at either arm's result.
+FULL = (16, 24, 0.5, 60.0, 8.0, 300.0)
+QUICK = (4, 8, 1.0, 60.0, 4.0, 120.0)
 #: Time constants of the gate (seconds of agent time), divided by the clock's compression.
 _TIME_PARAMS = ("overdue_slack_s", "idle_fallback_s")
 
@@ -55,8 +56,10 @@ def configure_ab(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sessions", type=int, default=None, help="root sessions in the slice")
     g.add_argument("--first", type=int, default=0, help="first root session of the slice")
     g.add_argument("--max-turns", type=int, default=None, help="calls per session (first N)")
-    g.add_argument("--time-scale", type=float, default=20.0, help="trace s per live s (20)")
-    g.add_argument("--max-gap-s", type=float, default=30.0, help="cap of one gap, live s (30)")
+    g.add_argument("--time-scale", type=float, default=None, help="trace s per live s (60)")
+    g.add_argument(
+        "--max-gap-s", type=float, default=None, help="cap of one gap, live s (8; quick 4)"
+    )
     g.add_argument("--arrival-rate", type=float, default=None, help="sessions per live second")
     g.add_argument("--seed", type=int, default=0, help="arrival schedule seed")
     g.add_argument("--baseline", default="lru", help="the control arm's policy (lru)")
@@ -66,6 +69,10 @@ def configure_ab(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--budget-s", type=float, default=None, help="refuse a longer slice")
     g.add_argument("--keep-files", action="store_true", help="keep the work directory")
+    g.add_argument(
+        "--record", type=Path, default=None, metavar="PATH",
+        help="record the treatment arm's traffic in its sidecar; export it here (canonical)",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,16 +80,24 @@ class _Plan:
     sessions: int
     max_turns: int
     rate: float
+    time_scale: float
+    max_gap_s: float
     budget_s: float
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
-    sessions, turns, rate, budget = QUICK if args.quick else FULL
+    sessions, turns, rate, scale, gap, budget = QUICK if args.quick else FULL
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
     plan = _Plan(
-        args.sessions if args.sessions is not None else sessions,
-        args.max_turns if args.max_turns is not None else turns,
-        args.arrival_rate if args.arrival_rate is not None else rate,
-        args.budget_s if args.budget_s is not None else budget,
+        pick(args.sessions, sessions),
+        pick(args.max_turns, turns),
+        pick(args.arrival_rate, rate),
+        pick(args.time_scale, scale),
+        pick(args.max_gap_s, gap),
+        pick(args.budget_s, budget),
     )
     if not (plan.rate > 0 and math.isfinite(plan.rate)):
         raise UsageError("--arrival-rate must be a positive number")
@@ -115,7 +130,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             raise UsageError(str(exc)) from None
     if arms[0] == arms[1]:
         raise UsageError(f"--policy and --baseline are both {arms[0]!r}")
-    for out in (args.json, args.plot):
+    for out in (args.json, args.plot, args.record):
         if out is not None and not out.parent.is_dir():
             raise UsageError(f"{out}: the directory {out.parent} does not exist")
     plan = _plan(args)
@@ -127,8 +142,8 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
         sessions=plan.sessions,
         first=args.first,
         max_turns=plan.max_turns,
-        time_scale=args.time_scale,
-        max_gap_s=args.max_gap_s,
+        time_scale=plan.time_scale,
+        max_gap_s=plan.max_gap_s,
         max_prompt_tokens=ENGINE_DEFAULTS["max_model_len"] - 32,
     )
     started = time.perf_counter()
@@ -142,7 +157,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     )  # fmt: skip
     _say(f"slice: {work.describe()}; {plan.rate:g} sessions/s (seed {args.seed})")
     _say(f"sizing: {sizing.describe()}")
-    params = {name: _policy_params(name, args.time_scale) for name in arms}
+    params = {name: _policy_params(name, plan.time_scale) for name in arms}
     sims = {
         name: run_simulated(
             etrace,
@@ -203,8 +218,8 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
                 "calls": work.turns,
                 "first": args.first,
                 "max_turns": plan.max_turns,
-                "time_scale": args.time_scale,
-                "max_gap_s": args.max_gap_s,
+                "time_scale": plan.time_scale,
+                "max_gap_s": plan.max_gap_s,
                 "tokens_per_trace_block": spec.tokens_per_block,
                 "arrival_rate": plan.rate,
                 "seed": args.seed,
@@ -270,7 +285,8 @@ def _run_arms(
     etrace: Any,
     schedule: list[tuple[float, int]],
 ) -> tuple[dict[str, Any], list[Any]]:
-    """Start both stacks at once, run the arms in turn, stop each after its arm."""
+    """Per arm: start its fresh stack, run the arm, stop the stack (the last one stays up with
+    ``--keep-running``)."""
     from service.live.arm import run_arm
     from service.live.stack import ABStack, ABStackConfig
 
@@ -286,6 +302,11 @@ def _run_arms(
             host_blocks=sizing.host_blocks,
             lru_impl=args.lru_impl,
             policy_params=params[name],
+            sidecar_env=(
+                {"TENURE_RECORD_ENABLED": "true"}
+                if args.record is not None and i == len(arms) - 1
+                else {}
+            ),
             **{
                 **ENGINE_DEFAULTS,
                 # vLLM refuses a max_model_len its pool cannot hold (one block is its null
@@ -297,31 +318,32 @@ def _run_arms(
             },
         )
         stacks[name] = ABStack(config, progress=lambda line, n=name: _say(f"[{n}] {line}"))
-    # The tiny model once, before two engines race to generate it.
-    stacks[arms[0]].ensure_model()
-    errors: list[BaseException] = []
-
-    def start(stack: ABStack) -> None:
+    # One engine at a time: an idle CPU vLLM worker beside a running one was measured spinning
+    # a whole core (one of this VM's two), which slowed the first arm ~10x and would hand
+    # the second arm a quieter machine than the first.
+    results = {}
+    for i, name in enumerate(arms):
+        stack = stacks[name]
         try:
             stack.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in stacks.values()]
-    for t in threads:
-        t.start()
-    try:
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        results = {}
-        for i, name in enumerate(arms):
-            results[name] = run_arm(stacks[name], work, etrace, schedule, _say)
-            if not (args.keep_running and i == len(arms) - 1):
-                stacks[name].stop()
-    except BaseException:
-        for stack in stacks.values():
+            results[name] = run_arm(stack, work, etrace, schedule, _say)
+            if args.record is not None and i == len(arms) - 1:
+                _export_recording(stack, args.record, etrace.block_tokens)
+        except BaseException:
             stack.stop()
-        raise
+            raise
+        if not (args.keep_running and i == len(arms) - 1):
+            stack.stop()
     return results, [stacks[arms[-1]]] if args.keep_running else []
+
+
+def _export_recording(stack: Any, out: Path, block_tokens: int) -> None:
+    """The treatment arm's recorded traffic, exported through its sidecar's admin REST."""
+    import urllib.request
+
+    url = f"{stack.proxy_url}/admin/record/export?block_tokens={block_tokens}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        text = response.read().decode()
+    out.write_text(text, encoding="utf-8")
+    _say(f"recorded the {stack.config.policy} arm's traffic: {out} ({text.count(chr(10)) - 1} "
+         "sessions, canonical format)")  # fmt: skip
