@@ -67,6 +67,7 @@ class ArmResult:
     wall_s: float = 0.0
     logs: Path | None = None
     proxy_url: str = ""
+    engine_url: str = ""
 
 
 def prepare_stack(config: ABStackConfig, say: Say) -> ABStack:
@@ -150,4 +151,5 @@ def run_arm(
         wall,
         stack.logs,
         stack.proxy_url,
+        stack.engine_url,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from service.record.canonical import to_canonical
 from service.record.events import (
@@ -29,7 +30,7 @@ def _turn(
     )  # fmt: skip
 
 
-def _write(tmp_path: Path, lines: list[dict]) -> Path:
+def _write(tmp_path: Path, lines: list[dict[str, Any]]) -> Path:
     path = tmp_path / "rec.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
