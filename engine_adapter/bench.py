@@ -6,9 +6,12 @@ a few blocks per turn, end with a declared last turn and are replaced by new one
 sized well below the live working set (4 blocks a session), so stores evict (or get refused). Per
 request: ``get`` for each context block (lookup), ``on_store_miss`` + ``evict`` (when full) +
 ``insert`` + ``mark_evictable`` for the new blocks (store, transfer done), and
-``on_request_finished`` (request-scoped access). ``ns/op`` is this process's CPU time over those
-calls (CPU time, not wall time: the figure must not depend on what else the machine runs); the
-Tenure side's extra manager hooks (``poll``, ``take_released``) are timed but not counted.
+``on_request_finished`` (request-scoped access); ``evict`` is told what vLLM's manager
+protects, the keys of the store being made. ``ns/op`` is this process's CPU time over those
+calls (CPU time, not wall time: the figure must not depend on what else the machine runs). The
+Tenure side runs as ``TenureOffloadingManager`` drives it, its extra manager hooks timed but not
+counted: ``begin_store`` (the gate decides the offer before vLLM's own calls) and ``end_store``
+around them, ``poll`` and ``take_released`` after.
 
 Scaling: the same per-request work with 10 to 10,000 live sessions (tier sized per session).
 The warm-up places every session at a random point of its life, so the timed requests carry the
@@ -99,9 +102,9 @@ class _Driver:
         keys += [_key(serial, i) for i in range(SYSTEM_BLOCKS, context + new)]
         for i, key in enumerate(keys):
             ctx.set_offload_key_position(key, (i + 1) * BLOCK_TOKENS)
-        return ctx, keys, context, set(keys)
+        return ctx, keys, context
 
-    def request(self, ctx: Any, keys: list[bytes], context: int, protected: set[bytes]) -> None:
+    def request(self, ctx: Any, keys: list[bytes], context: int) -> None:
         self.now += self.dt
         policy = self.policy
         get = policy.get
@@ -115,13 +118,19 @@ class _Driver:
         offer = [k for k in keys if get(k) is None]
         ops += len(keys)
         if offer:
+            if self.tenure:
+                # Tenure's manager decides the offer before vLLM's prepare_store runs (then
+                # on_store_miss finds it decided): its production path, a hook not counted.
+                policy.begin_store(offer, ctx)
             policy.on_store_miss(offer, ctx)
             ops += 1
             need = len(offer) - (self.capacity - len(policy.chunks))
             stored = True
             if need > 0:
                 ops += 1
-                evicted = policy.evict(need, protected)
+                # vLLM's manager protects the keys of the store it is making (its offer: the
+                # request's chunks not stored yet), not the request's whole context.
+                evicted = policy.evict(need, set(offer))
                 if evicted is None:
                     stored = False
                     self.refused += 1

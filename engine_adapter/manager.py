@@ -99,16 +99,52 @@ class TenureOffloadingManager(CPUOffloadingManager):
             return super().prepare_store(keys, req_context)
         keys = list(keys)
         self._poll()
-        missing = [k for k in keys if tenure.get(k) is None]
-        admitted = tenure.begin_store(missing, req_context)
+        get = tenure.get
+        offer = keys
+        to_store = [k for k in keys if get(k) is None]
+        if self.counts is not None and to_store:
+            to_store = self._past_threshold(keys, to_store)
+            passing = set(to_store)
+            offer = [k for k in keys if k in passing or get(k) is not None]
+        need = len(to_store) - self._get_num_free_chunks()
         try:
-            if not admitted and len(missing) <= self._get_num_free_chunks():
+            if need > self._num_evictable_cache_chunks and need > 0:
+                # vLLM refuses this store before asking for victims (in-flight transfers pin
+                # the room): the gate is not asked, so nothing is decided for a store that
+                # cannot happen.
+                tenure.stats["refusals_pinned"] += 1
+                reported = self._get_request_cache_access(req_context).store_miss_keys
+                fresh = [k for k in to_store if k not in reported]
+                if fresh:
+                    tenure.report_misses(fresh, req_context)
+                return super().prepare_store(keys, req_context)
+            reported = self._get_request_cache_access(req_context).store_miss_keys
+            admitted = tenure.begin_store(offer, req_context, reported=reported)
+            if not admitted and need <= 0:
                 # vLLM would store without asking for victims: refuse here.
                 return None
             return super().prepare_store(keys, req_context)
         finally:
             tenure.end_store()
             self._reclaim()
+
+    def _past_threshold(
+        self, keys: list[OffloadKey], missing: list[OffloadKey]
+    ) -> list[OffloadKey]:
+        """The misses vLLM's store-threshold filter will let through once this offer counts.
+
+        vLLM's ``prepare_store`` first counts the offer (each occurrence of a tracked key adds
+        one; an untracked key enters at one) and then stores only the misses counted at least
+        ``store_threshold`` times. Read here without changing the counts, so the gate decides
+        exactly the store vLLM will make.
+        """
+        counts = self.counts
+        assert counts is not None
+        seen: dict[OffloadKey, int] = {}
+        for key in keys:
+            seen[key] = seen.get(key, 0) + 1
+        threshold = self.store_threshold
+        return [k for k in missing if k in counts and counts[k] + seen[k] >= threshold]
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = super().prepare_load(keys, req_context)

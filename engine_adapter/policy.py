@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,11 +45,17 @@ _Loc = tuple[int, int]
 #: Per-session tables above this size drop sessions with nothing resident (checked every
 #: 1024 polls, i.e. engine steps).
 _PRUNE_ABOVE = 20_000
+#: Requests whose reported store misses the stock-manager path remembers.
+_RECENT_REQUESTS = 256
 
 
 @dataclass(slots=True)
 class _RequestInfo:
-    """Per-request state, cached in the request's ``ReqContext``."""
+    """Per-request state, cached in the request's ``ReqContext``.
+
+    ``owner`` is the policy's generation token: a ``clear()`` (vLLM's ``reset_cache``) makes a
+    new one, so state cached before it (segment ids of the old tier) is never trusted after.
+    """
 
     owner: object
     tags: RequestTags
@@ -57,7 +63,6 @@ class _RequestInfo:
     seg: int = -1
     next_index: int = 0
     started: bool = False
-    forks: int = 0
     inserted: list[OffloadKey] = field(default_factory=list)
 
 
@@ -86,11 +91,16 @@ class TenureCachePolicy(CachePolicy):
         #: Push channel -> engine thread: Decisions and Snapshots (appended by another thread).
         self.inbox: deque[Decision | Snapshot] = deque()
         self.stats: Counter[str] = Counter()
+        #: Bumped by every ``clear()``, like vLLM's manager's cache generation.
+        self.generation = 0
         self._reset_state()
 
     # --- state --------------------------------------------------------------------------------
 
     def _reset_state(self) -> None:
+        # Per-request state made before this point belongs to the old tier: a fresh token
+        # makes every ReqContext's cached _RequestInfo stale (one identity check per call).
+        self._epoch = object()
         self.core = create_policy(self.core_name, self._core_params)
         self.tier = HostTier(self.core, self.cache_capacity)
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
@@ -99,10 +109,20 @@ class TenureCachePolicy(CachePolicy):
         self._loc: dict[OffloadKey, _Loc] = {}
         self._key_at: list[list[OffloadKey | None]] = []
         self._frontier: list[int] = []
+        #: Base segment -> its fork segments (context edits, same-position KV groups).
+        self._forks: dict[int, list[int]] = {}
+        self._fork_serial = 0
         self._pinned: set[OffloadKey] = set()
         self._doomed: dict[OffloadKey, EvictionClass] = {}
         self._staged: set[OffloadKey] = set()
         self._staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
+        #: Under vLLM's stock manager: the misses of an offer not decided yet (``on_store_miss``
+        #: only sees the new misses; ``evict`` sees the whole offer, ``insert`` a store that
+        #: needs no room), with the storing request.
+        self._stash: tuple[list[OffloadKey], ReqContext] | None = None
+        #: Stock manager: recent requests' reported misses (key -> order), to find the request
+        #: and the store behind a bare evict() when vLLM did not report (a retried offer).
+        self._misses: OrderedDict[int, tuple[ReqContext, dict[OffloadKey, None]]] = OrderedDict()
         self._refused = False
         self._offer_blocks = 0
         self._polls = 0
@@ -143,10 +163,14 @@ class TenureCachePolicy(CachePolicy):
         pos = ctx.get_offload_key_position(key) if ctx is not None else None
         if pos is None or pos <= 0:
             return info.next_index
-        if self.block_tokens <= 0:
-            self.block_tokens = pos
-        elif pos % self.block_tokens:
-            self.block_tokens = math.gcd(self.block_tokens, pos)
+        if self.block_tokens <= 0 or pos % self.block_tokens:
+            # Learn the block size (vLLM's stock manager does not say it): the gcd of every
+            # position the request has, not just this key's, so a request whose tail is
+            # offered first does not set it to a multiple of the block.
+            unit = max(self.block_tokens, 0)
+            for p in ctx._offload_key_positions.values() if ctx is not None else (pos,):
+                unit = math.gcd(unit, p)
+            self.block_tokens = math.gcd(unit, pos)
         return pos // self.block_tokens - 1
 
     def _occupant(self, seg: int, index: int) -> OffloadKey | None:
@@ -175,11 +199,11 @@ class TenureCachePolicy(CachePolicy):
         if ctx is None:
             ctx = self._last_ctx
         info = ctx.get_state(_RequestInfo) if ctx is not None else None
-        if info is None or info.owner is not self:
+        if info is None or info.owner is not self._epoch:
             tags = parse_tags(ctx.kv_transfer_params if ctx is not None else None)
             if tags.invalid:
                 self.stats["invalid_tags"] += tags.invalid
-            info = _RequestInfo(owner=self, tags=tags, session=tags.session_id)
+            info = _RequestInfo(owner=self._epoch, tags=tags, session=tags.session_id)
             if ctx is not None:
                 ctx.set_state(info)
         if info.session is None:
@@ -244,14 +268,21 @@ class TenureCachePolicy(CachePolicy):
 
     def begin_store(
         self,
-        keys_to_store: Sequence[OffloadKey],
+        offer: Sequence[OffloadKey],
         ctx: ReqContext | None,
         now: float | None = None,
+        *,
+        reported: Collection[OffloadKey] | None = None,
     ) -> bool:
         """Decide an offer (the keys vLLM is about to store) before vLLM evicts for it.
 
-        Returns whether the core admitted it. On admission the missing keys are staged (the
-        tier counts them resident) and the victims are held for ``evict``.
+        ``offer`` is the whole offer as vLLM's ``prepare_store`` sees it: the keys it already
+        holds are not stored again but are *protected* (vLLM never evicts a key of the offer),
+        so the core is told about them and never picks them as victims. ``reported``: the
+        misses this request already reported to vLLM's manager (it tells a policy of each miss
+        once; ARC learns from them). Returns whether the core admitted the store. On admission
+        the missing keys are staged (the tier counts them resident) and the victims are held
+        for ``evict``.
         """
         now = self._clock() if now is None else now
         self._unstage(now)
@@ -265,34 +296,43 @@ class TenureCachePolicy(CachePolicy):
         # refused, and a refusal then costs no writes to undo.
         runs: list[Run] = []
         planned: list[tuple[OffloadKey, int, int]] = []
+        held: list[_Loc] = []
         run_seg = run_start = run_stop = -1
         chunks, staged = self.chunks, self._staged
-        key_at = self._key_at
+        key_at, loc_map = self._key_at, self._loc
         positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
         unit = self.block_tokens
         seg = info.seg
         slots = key_at[seg]
+        fallback = info.next_index  # keys without a known position follow the previous one
         taken: dict[int, OffloadKey] = {}  # indices this offer claims in ``seg``
-        for key in keys_to_store:
+        for key in offer:
             if key in chunks or key in staged:
+                loc = loc_map.get(key)
+                if loc is not None:  # held: protected, not stored again
+                    held.append(loc)
                 continue
             pos = positions.get(key)
             if pos and unit and pos % unit == 0:
                 index = pos // unit - 1
-            else:
+            elif pos and pos > 0:
                 index = self._index(key, ctx, info)
                 unit = self.block_tokens
+            else:
+                index = fallback
             other = taken.get(index)
             if other is None and index < len(slots):
                 other = slots[index]
             if other is not None and other != key:
                 # Same session, same position, different content (an edited or branched
-                # context): continue in a fork segment so residency stays one key per slot.
-                info.forks += 1
-                info.seg = seg = self._segment(session, (info.tags.segment, "fork", info.forks))
+                # context, or another KV group): continue in a segment whose slot is free, so
+                # residency stays one key per slot.
+                seg = self._fork(session, info, seg, index, planned)
+                info.seg = seg
                 slots = key_at[seg]
-                taken = {}
+                taken = {i: k for k, s, i in planned if s == seg}
             taken[index] = key
+            fallback = index + 1
             planned.append((key, seg, index))
             if seg == run_seg and index == run_stop:
                 run_stop += 1
@@ -306,19 +346,23 @@ class TenureCachePolicy(CachePolicy):
         runs.append(Run(run_seg, run_start, run_stop))
         info.next_index = run_stop
         protected = runs
-        if (
-            self._pinned
-            and self.tier.capacity is not None
-            and n_new > self.tier.capacity - self.tier.used
-        ):
-            protected = runs + self._pinned_runs()
-        result = self.tier.store(protected, session, now)
+        capacity = self.tier.capacity
+        if capacity is not None and n_new > capacity - self.tier.used:
+            # Victims will be chosen: what vLLM will not let go must be off limits to the core.
+            if held:
+                protected = protected + _merge(sorted(held))
+            if self._pinned:
+                protected = protected + self._pinned_runs()
+        misses = None
+        if reported:
+            misses = _merge([(s, i) for k, s, i in planned if k not in reported])
+        result = self.tier.store(protected, session, now, misses=misses)
         if not result.admitted:
             self._refused = True
             self.stats["refusals"] += 1
             self.stats["refused_blocks"] += n_new
             return False
-        loc_map, frontier = self._loc, self._frontier
+        frontier = self._frontier
         for key, seg, index in planned:
             slots = key_at[seg]
             if len(slots) <= index:
@@ -331,10 +375,53 @@ class TenureCachePolicy(CachePolicy):
         # Counted when vLLM has inserted them (end_store): it may still drop the store.
         self._offer_blocks = n_new
         staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
-        for (vseg, start, stop), cls in result.victims:
-            staged_victims.extend((k, cls) for k in key_at[vseg][start:stop] if k is not None)
+        for victim in result.victims:
+            staged_victims.extend(_victim_keys(key_at, victim))
         self._staged_victims = staged_victims
         return True
+
+    def report_misses(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> None:
+        """vLLM reported store misses for a store it then could not make (no evictable room):
+        the core learns from them as from the misses of a store (ARC adapts to ghost hits).
+        Keys are located where the store would have put them; a slot held by other content
+        (an edit: the store would fork) has no history to learn from and is skipped."""
+        now = self._clock()
+        info = self._request(ctx, now)
+        positions: dict[OffloadKey, int] = getattr(ctx, "_offload_key_positions", None) or {}
+        unit = self.block_tokens
+        locs: list[_Loc] = []
+        index = info.next_index
+        for key in keys:
+            pos = positions.get(key)
+            if pos and unit and pos % unit == 0:
+                index = pos // unit - 1
+            elif pos and pos > 0:
+                index = self._index(key, ctx, info)
+                unit = self.block_tokens
+            if self._occupant(info.seg, index) is None:
+                locs.append((info.seg, index))
+            index += 1
+        self.tier.report_misses(_merge(locs), now)
+
+    def _fork(
+        self,
+        session: str,
+        info: _RequestInfo,
+        current: int,
+        index: int,
+        planned: Sequence[tuple[OffloadKey, int, int]],
+    ) -> int:
+        """A segment of ``info``'s context whose slot ``index`` is free (a new fork if none)."""
+        base = self._segment(session, info.tags.segment)
+        forks = self._forks.setdefault(base, [])
+        claimed = {s for _, s, i in planned if i == index}
+        for seg in (base, *forks):
+            if seg != current and seg not in claimed and self._occupant(seg, index) is None:
+                return seg
+        self._fork_serial += 1
+        seg = self._segment(session, (info.tags.segment, "fork", self._fork_serial))
+        forks.append(seg)
+        return seg
 
     def _keys_of(self, run: Run) -> list[OffloadKey]:
         slots = self._key_at[run.seg]
@@ -351,8 +438,10 @@ class TenureCachePolicy(CachePolicy):
 
     def _unstage(self, now: float) -> None:
         """Roll back what an offer staged but vLLM never inserted (its store was dropped)."""
-        leftovers = [k for k in self._staged if k not in self.chunks]
-        self._staged.clear()
+        self._stash = None
+        staged = self._staged
+        leftovers = [k for k in staged if k not in self.chunks] if staged else []
+        staged.clear()
         offered, self._offer_blocks = self._offer_blocks, 0
         if offered:
             inserted = offered - len(leftovers)
@@ -364,9 +453,12 @@ class TenureCachePolicy(CachePolicy):
                 self.stats["refusals"] += 1
                 self.stats["refused_blocks"] += offered
         if leftovers:
-            runs = [self._run_of(k) for k in leftovers]
+            runs: list[Run] = []
             for key in leftovers:
-                self._unplace(key)
+                # A reclaim may have dropped a staged key's slot already (stock manager).
+                loc = self._unplace(key)
+                if loc is not None:
+                    runs.append(Run(loc[0], loc[1], loc[1] + 1))
             self.tier.drop(runs)
         victims, self._staged_victims = self._staged_victims, None
         self._refused = False
@@ -386,7 +478,10 @@ class TenureCachePolicy(CachePolicy):
     def _readmit(self, keys: Iterable[OffloadKey], now: float) -> None:
         for key in keys:
             loc = self._loc.get(key)
-            if loc is None or key not in self.chunks:
+            if loc is None:
+                continue
+            if key not in self.chunks:
+                self._unplace(key)
                 continue
             run = Run(loc[0], loc[1], loc[1] + 1)
             if self.tier.is_resident(loc[0], loc[1]):
@@ -405,33 +500,46 @@ class TenureCachePolicy(CachePolicy):
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: Any = None) -> None:
         # vLLM 0.32 calls insert(key, chunk); 0.33 adds the request context.
+        if key not in self._staged and key not in self._loc:
+            self._decide_insert(key, req_context)
         self.chunks[key] = chunk
         if chunk.ref_cnt != 0:
             self._pinned.add(key)
         if key in self._staged:
             self._staged.discard(key)
-            return
-        # Not staged by a gate decision (a policy driven without begin_store): admit it alone
-        # if there is room, so the tier still accounts for every chunk vLLM holds; else it is
-        # the first to go.
-        if key in self._loc:
-            return
-        now = self._clock()
-        ctx = req_context if isinstance(req_context, ReqContext) else None
-        info = self._request(ctx, now)
-        index = self._index(key, ctx, info)
-        loc = (info.seg, index)
-        capacity = self.tier.capacity
-        if self._occupant(*loc) is None and (capacity is None or self.tier.used < capacity):
-            self._place(key, loc)
-            assert info.session is not None
-            if self.tier.store([Run(loc[0], index, index + 1)], info.session, now).admitted:
-                info.next_index = index + 1
-                self.stats["stores"] += 1
-                self.stats["stored_blocks"] += 1
-                return
-            self._unplace(key)
-        self._doomed[key] = EvictionClass.RECENCY
+        elif key not in self._loc:
+            # Refused, or no slot for it: vLLM holds it anyway, so it is the first to go.
+            self._doomed[key] = EvictionClass.RECENCY
+
+    def _decide_insert(self, key: OffloadKey, req_context: Any) -> None:
+        """A key vLLM inserts without a decision: a stock-manager store that needed no room
+        (no evict call), or a policy driven by hand. Decided now, so the tier accounts for
+        every chunk vLLM holds."""
+        stash = self._stash
+        ctx: ReqContext | None
+        if (
+            stash is not None
+            and key in stash[0]
+            and len(stash[0]) <= self.cache_capacity - len(self.chunks)
+        ):
+            # The misses on_store_miss reported for this store. (One that did not fit the free
+            # room needed evict(): if none came, vLLM dropped that store and it is stale.)
+            offer, ctx = stash
+        else:
+            offer = [key]
+            ctx = req_context if isinstance(req_context, ReqContext) else self._ctx_for(key)
+        if not self.begin_store(offer, ctx):
+            self._refused = False  # vLLM stores anyway
+        surplus, self._staged_victims = self._staged_victims, None
+        for victim, cls in surplus or ():
+            self._doom(victim, cls)  # room vLLM did not need: evicted first, later
+
+    def _ctx_for(self, key: OffloadKey) -> ReqContext | None:
+        """The most recent request that reported ``key`` or has its position (stock manager)."""
+        for ctx, seen in reversed(self._misses.values()):
+            if key in seen or key in ctx._offload_key_positions:
+                return ctx
+        return self._last_ctx
 
     def remove(self, key: OffloadKey) -> None:
         self.chunks.pop(key, None)
@@ -444,17 +552,93 @@ class TenureCachePolicy(CachePolicy):
             self.tier.drop([run])
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # Not a request-scoped use in the core's model (that is on_request_finished); vLLM 0.32
-        # never calls it from the scheduler. Keep the session map fresh only.
-        return
+        """A direct recency signal (vLLM's tiering manager sends it; 0.32's scheduler never does).
+
+        Passed to the core as runs in the order given; the recency cores (``lru``,
+        ``lru-reclaim``, ``arc``) apply it as vLLM's LRU / ARC do, the lifecycle policies ignore
+        it (a touch is neither a request start nor a finish). Keys vLLM does not hold, or holds
+        only as doomed, are not in the tier and are skipped (vLLM's LRU skips unheld keys too;
+        ARC's ghost-hit adaptation on a touch of an unheld key is not mirrored).
+        """
+        now = self._clock()
+        if self._staged or self._stash is not None:
+            self._unstage(now)
+        chunks, loc_of = self.chunks, self._loc.get
+        locs: list[_Loc] = []
+        pending: list[_Loc] = []
+        for key in keys:
+            chunk = chunks.get(key)
+            loc = loc_of(key) if chunk is not None else None
+            if loc is None or chunk is None:
+                continue
+            locs.append(loc)
+            if chunk.ref_cnt < 0:
+                pending.append(loc)
+        if locs:
+            self.tier.touch(_merge(locs), now, pending=_merge(sorted(pending)))
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # Under vLLM's stock manager this is the one call with the request context before
-        # evict(); TenureOffloadingManager has already decided the offer (keys are staged).
+        # TenureOffloadingManager has decided the offer already (its keys are staged). Under
+        # vLLM's stock manager this call sees only the offer's new misses, and the keys vLLM
+        # protects are known at evict(): remember the misses, decide there (or at insert()).
         keys = list(keys)
-        if all(k in self._staged or k in self.chunks for k in keys):
+        staged, chunks = self._staged, self.chunks
+        if all(k in staged or k in chunks for k in keys):
             return
-        self.begin_store(keys, req_context)
+        self._stash = (keys, req_context)
+        self._last_ctx = req_context
+        misses = self._misses
+        entry = misses.get(id(req_context))
+        if entry is None or entry[0] is not req_context:
+            entry = misses[id(req_context)] = (req_context, {})
+            if len(misses) > _RECENT_REQUESTS:
+                misses.popitem(last=False)
+        elif len(misses) > 1:
+            misses.move_to_end(id(req_context))
+        entry[1].update(dict.fromkeys(keys))  # what vLLM reported, in report order
+
+    def _stashed_offer(
+        self, n: int, protected: set[OffloadKey]
+    ) -> tuple[list[OffloadKey], ReqContext | None]:
+        """The whole offer behind ``evict(n, protected)`` under the stock manager, in order,
+        and the request making it (``protected`` is the offer; its misses are the store)."""
+        stash, self._stash = self._stash, None
+        chunks = self.chunks
+        held: list[OffloadKey] = []
+        missing: list[OffloadKey] = []
+        for key in protected:
+            (held if key in chunks else missing).append(key)
+        if (
+            stash is not None
+            and len(stash[0]) == len(missing)
+            and all(k in protected and k not in chunks for k in stash[0])
+        ):
+            # The common case: on_store_miss reported exactly this store's misses, in order.
+            return stash[0] + held, stash[1]
+        entry: tuple[ReqContext, dict[OffloadKey, None]] | None = None
+        for candidate in reversed(self._misses.values()):
+            seen, where = candidate[1], candidate[0]._offload_key_positions
+            if all(k in seen or k in where for k in missing):
+                entry = candidate
+                break
+        ctx = entry[0] if entry is not None else self._last_ctx
+        if entry is not None:
+            # vLLM stores n + its free chunks of them: with a store threshold, only the misses
+            # it reported (the rest did not pass the threshold).
+            want = n + self.cache_capacity - len(chunks)
+            if len(missing) > want:
+                narrowed = [k for k in missing if k in entry[1]]
+                if len(narrowed) == want:
+                    missing = narrowed
+        # vLLM inserts in offer order: the scheduler offers KV group by group, each in prefix
+        # order; without positions, the order the misses were reported in.
+        positions = ctx._offload_key_positions if ctx is not None else {}
+        if missing and all(k in positions for k in missing):
+            missing.sort(key=lambda k: (k[-4:], positions[k]))
+        elif entry is not None and missing and all(k in entry[1] for k in missing):
+            order = {k: i for i, k in enumerate(entry[1])}
+            missing.sort(key=order.__getitem__)
+        return missing + held, ctx
 
     def on_request_finished(
         self,
@@ -464,6 +648,10 @@ class TenureCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         now = self._clock()
+        if self._staged or self._stash is not None:
+            self._unstage(now)  # a stock-manager offer vLLM dropped: over by now
+        if self._misses:
+            self._misses.pop(id(req_context), None)
         info = self._request(req_context, now)
         session = info.session
         assert session is not None
@@ -511,37 +699,52 @@ class TenureCachePolicy(CachePolicy):
             return []
         if self._refused:
             self._refused = False
+            self._stash = None
             return None
         if self._staged_victims is None:
-            # An offer nobody staged (a retried store under the stock manager): decide it now.
-            missing = [k for k in protected if k not in self.chunks and k not in self._staged]
-            if not self.begin_store(missing, None):
+            # Stock manager: the offer is decided here, where vLLM says what it protects.
+            offer, ctx = self._stashed_offer(n, protected)
+            if not self.begin_store(offer, ctx):
                 self._refused = False
                 return None
         chosen = list(self._staged_victims or ())
         self._staged_victims = None
-        short = n - len(chosen)
-        if short < 0:
+        if len(chosen) > n:
             # The core freed more than vLLM needs (its books counted chunks vLLM still holds):
             # the surplus stays with vLLM as doomed, evicted later.
             for key, cls in chosen[n:]:
                 self._doom(key, cls)
             chosen = chosen[:n]
+        short = n - len(chosen)
+        fills: list[tuple[OffloadKey, EvictionClass]] = []
         if short > 0:
-            for key, cls in list(self._doomed.items()):
-                if short == 0:
-                    break
-                if key in self._pinned or key in protected:
-                    continue
-                chosen.append((key, cls))
+            pinned = self._pinned
+            for key, cls in self._doomed.items():
+                if key not in pinned and key not in protected:
+                    fills.append((key, cls))
+                    if len(fills) == short:
+                        break
+            for key, _ in fills:
                 del self._doomed[key]
-                short -= 1
-        if short > 0 or any(k in self._pinned for k, _ in chosen):
-            # Not enough evictable room: refuse; the core already forgot its victims.
-            for key, cls in chosen:
-                self._doom(key, cls)
+            short -= len(fills)
+        if short > 0:
+            # Room the tier does not count (chunks vLLM holds for pinned doomed keys, or a bare
+            # evict() with no offer): the core picks that many more victims.
+            more = self._make_room(short, protected)
+            if more is not None:
+                chosen.extend(more)
+                short = 0
+        if short > 0 or any(k in self._pinned or k in protected for k, _ in chosen):
+            # Not enough evictable room (pinned chunks), or the core chose a key vLLM protects:
+            # refuse and change nothing vLLM sees. The doomed stay doomed; the core's own
+            # victims go back to the tier once the offer's staged keys are rolled back.
+            for key, cls in fills:
+                self._doomed[key] = cls
+            self._staged_victims = chosen
+            self._unstage(self._clock())
             self.stats["refusals_pinned"] += 1
             return None
+        chosen.extend(fills)
         out: list[tuple[OffloadKey, ChunkStatus]] = []
         doomed, sharers, chunks, loc_map, key_at = (
             self._doomed,
@@ -565,8 +768,28 @@ class TenureCachePolicy(CachePolicy):
             self.stats[f"evicted_blocks_{cls.value}"] += count
         return out
 
+    def _make_room(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, EvictionClass]] | None:
+        """``n`` victims from the core with nothing stored, or ``None`` (nothing changed)."""
+        loc_of = self._loc.get
+        locs = [loc for k in protected if (loc := loc_of(k)) is not None]
+        locs += [loc for k in self._staged if (loc := loc_of(k)) is not None]
+        keep = _merge(sorted(locs))
+        if self._pinned:
+            keep += self._pinned_runs()
+        victims = self.tier.make_room(n, None, keep, self._clock())
+        if victims is None:
+            return None
+        key_at = self._key_at
+        out: list[tuple[OffloadKey, EvictionClass]] = []
+        for victim in victims:
+            out.extend(_victim_keys(key_at, victim))
+        return out
+
     def clear(self) -> None:
         inbox, stats = self.inbox, self.stats
+        self.generation += 1
         self._reset_state()
         self.inbox, self.stats = inbox, stats
 
@@ -584,6 +807,10 @@ class TenureCachePolicy(CachePolicy):
             for key in self._keys_of(victim.run):
                 owner = self.tier.owner(self._loc[key][0])
                 self._unplace(key)
+                if key not in self.chunks:
+                    # Staged by an offer vLLM never placed (stock manager): nothing to free.
+                    self._staged.discard(key)
+                    continue
                 if victim.cls in (EvictionClass.RECLAIM, EvictionClass.TTL) and self._inherit(
                     key, owner, now
                 ):
@@ -710,14 +937,29 @@ class TenureCachePolicy(CachePolicy):
         self._refresh_timer()
 
 
+def _victim_keys(
+    key_at: list[list[OffloadKey | None]], victim: Victim
+) -> list[tuple[OffloadKey, EvictionClass]]:
+    """The keys of ``victim``'s blocks with its class, in the order the core evicts them."""
+    seg, start, stop = victim.run
+    keys = key_at[seg][start:stop]
+    if victim.descending:
+        keys.reverse()
+    cls = victim.cls
+    return [(k, cls) for k in keys if k is not None]
+
+
 def _merge(locs: Sequence[_Loc]) -> list[Run]:
-    """``(segment, index)`` pairs in order -> maximal runs."""
+    """``(segment, index)`` pairs in order -> maximal runs (a ``Run`` made per run only)."""
     runs: list[Run] = []
-    for seg, index in locs:
-        if runs:
-            last = runs[-1]
-            if last.seg == seg and last.stop == index:
-                runs[-1] = Run(seg, last.start, index + 1)
-                continue
-        runs.append(Run(seg, index, index + 1))
+    seg = start = stop = -1
+    for s, index in locs:
+        if s == seg and index == stop:
+            stop += 1
+            continue
+        if seg >= 0:
+            runs.append(Run(seg, start, stop))
+        seg, start, stop = s, index, index + 1
+    if seg >= 0:
+        runs.append(Run(seg, start, stop))
     return runs

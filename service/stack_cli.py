@@ -12,19 +12,66 @@ the engine's KV pool, the agent's return (served from the host tier), a second s
 suspended for approval, and the agent's declared end (its host blocks reclaimed at once). The
 decisions the sidecar pushed and the adapter's counters from ``/metrics`` are printed, then
 everything stops, unless ``--keep-running``. ``--no-demo`` starts the stack and nothing else.
+
+SIGINT, SIGTERM and SIGHUP stop the whole stack (Redis, the sidecar, vLLM and its EngineCore;
+in the A/B, the arm's stack and Prometheus) at any point, start-up included, and exit with
+128 + the signal number. The handlers are set explicitly: a shell starts a background job with
+SIGINT ignored, and Python's default SIGTERM kills the launcher without stopping its children
+(each runs in its own process group).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 __all__ = ["configure", "run_demo"]
+
+#: The signals that stop the stack.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(BaseException):
+    """Raised in the main thread by the first stop signal (a ``BaseException``, like
+    ``KeyboardInterrupt``: nothing on the way catches it by accident)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """Route stop signals to :class:`_Stopped` until :meth:`stopping`; restores the old ones."""
+
+    def __init__(self) -> None:
+        self._stopping = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopping:
+            return  # already stopping: a second Ctrl-C must not cut the clean-up short
+        self._stopping = True
+        raise _Stopped(signum)
+
+    def stopping(self) -> None:
+        """The stack is being stopped: later signals are ignored until it is down."""
+        self._stopping = True
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def _say(line: str) -> None:
@@ -140,11 +187,19 @@ def _run(args: argparse.Namespace) -> int:
     if not (args.scripted or args.no_demo):
         from service.live.cli import run_ab
 
-        try:
-            return run_ab(args, cache, Path(args.workdir) if args.workdir else None)
-        except StackError as exc:
-            print(f"tenure up: error: {exc}", file=sys.stderr)
-            return 1
+        with _StopSignals() as signals:
+            try:
+                return run_ab(args, cache, Path(args.workdir) if args.workdir else None)
+            except StackError as exc:
+                print(f"tenure up: error: {exc}", file=sys.stderr)
+                return 1
+            except _Stopped as stop:
+                # run_ab's own clean-up has stopped every stack by now (it runs on the way
+                # out); later signals were ignored from the first one on.
+                _say(f"{signal.Signals(stop.signum).name}: stopped the stack")
+                return 128 + stop.signum
+            finally:
+                signals.stopping()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tenure-up-"))
     config = StackConfig(
         workdir=workdir,
@@ -153,25 +208,31 @@ def _run(args: argparse.Namespace) -> int:
         proxy_port=args.port,
         engine_port=args.engine_port,
     )
-    stack = LocalStack(config, progress=_say)
-    try:
-        stack.start()
-        _say(f"logs in {stack.logs}")
-        if not args.no_demo:
-            run_demo(stack)
-        if args.keep_running:
-            _say(f"serving: proxy {stack.proxy_url}/v1, metrics {stack.proxy_url}/metrics, ")
-            _say(f"engine {stack.engine_url}; Ctrl-C stops everything")
-            while all(p is not None and p.running for p in (stack.redis, stack.engine)):
-                time.sleep(1.0)
-            _say("a component exited; stopping")
+    with _StopSignals() as signals:
+        stack = LocalStack(config, progress=_say)
+        try:
+            stack.start()
+            _say(f"logs in {stack.logs}")
+            if not args.no_demo:
+                run_demo(stack)
+            if args.keep_running:
+                _say(f"serving: proxy {stack.proxy_url}/v1, metrics {stack.proxy_url}/metrics, ")
+                _say(f"engine {stack.engine_url}; Ctrl-C (or SIGTERM) stops everything")
+                components = (stack.redis, stack.sidecar, stack.engine)
+                while all(p is None or p.running for p in components):
+                    time.sleep(1.0)
+                _say("a component exited; stopping")
+                return 1
+            return 0
+        except StackError as exc:
+            print(f"tenure up: error: {exc}", file=sys.stderr)
             return 1
-        return 0
-    except StackError as exc:
-        print(f"tenure up: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        stack.stop()
+        except _Stopped as stop:
+            _say(f"{signal.Signals(stop.signum).name}: stopping the stack")
+            return 128 + stop.signum
+        finally:
+            signals.stopping()
+            stack.stop()
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

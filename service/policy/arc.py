@@ -95,6 +95,27 @@ class ARCPolicy(TierPolicy):
                 elif key in t2:
                     t2.move_to_end(key)
 
+    def on_touch(self, runs: Sequence[Run], pending: Sequence[Run], now: float) -> None:
+        # vLLM's ARC touch, tail to head: a ready T1 block is promoted to T2, a pending one
+        # (its store not complete) only moves to T1's MRU end; T2 blocks move to its MRU end;
+        # a block in neither adapts the target if it is a ghost.
+        waiting: set[int] = set()
+        for run in pending:
+            waiting.update(_keys(run))
+        t1, t2 = self.t1, self.t2
+        for run in reversed(runs):
+            for key in reversed(_keys(run)):
+                if key in t1:
+                    if key in waiting:
+                        t1.move_to_end(key)
+                    else:
+                        del t1[key]
+                        t2[key] = None
+                elif key in t2:
+                    t2.move_to_end(key)
+                else:
+                    self._adapt_to_ghost_hit(key)
+
     def select_victims(
         self, n: int, incoming: str | None, protected: Sequence[Run], now: float
     ) -> list[Victim] | None:

@@ -85,6 +85,16 @@ class TierPolicy(ABC):
         request stored itself (insertion-only, not a reuse), which ARC tells apart.
         """
 
+    def on_touch(  # noqa: B027
+        self, runs: Sequence[Run], pending: Sequence[Run], now: float
+    ) -> None:
+        """A direct recency signal for resident ``runs`` in the order given (vLLM's ``touch``).
+
+        Not a request: no session starts or finishes. ``pending`` are the touched blocks whose
+        store has not completed yet (vLLM's ARC keeps those in T1). Recency policies apply it;
+        the default ignores it.
+        """
+
     def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:  # noqa: B027
         """The tier refused ``session``'s offer of ``runs`` (after ``select_victims`` said no)."""
 
@@ -145,16 +155,14 @@ class TierPolicy(ABC):
 
 
 def merge_runs(blocks: Sequence[tuple[int, int]], cls: EvictionClass) -> list[Victim]:
-    """Turn ``(seg, index)`` pairs into victims over maximal contiguous runs (order kept)."""
+    """Turn ``(seg, index)`` pairs into victims over maximal ascending runs (order kept: a
+    descending pair stays two victims, so the blocks leave in the order they were chosen)."""
     victims: list[Victim] = []
     for seg, index in blocks:
         if victims:
             last = victims[-1].run
             if last.seg == seg and last.stop == index:
                 victims[-1] = Victim(Run(seg, last.start, index + 1), cls)
-                continue
-            if last.seg == seg and last.start == index + 1:
-                victims[-1] = Victim(Run(seg, index, last.stop), cls)
                 continue
         victims.append(Victim(Run(seg, index, index + 1), cls))
     return victims

@@ -123,13 +123,20 @@ class LRUPolicy(TierPolicy):
     def on_insert(self, run: Run, now: float) -> None:
         self._rank_range(run.seg, run.start, run.stop, asc=True)
 
-    def on_access(
-        self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
-    ) -> None:
-        # vLLM re-ranks the request's resident keys tail to head: the head ends most recent.
+    def _rerank(self, runs: Sequence[Run]) -> None:
+        # vLLM re-ranks the used resident keys tail to head: the head ends most recent.
         for run in reversed(runs):
             for piece in reversed(self._resident_pieces(run)):
                 self._rank_range(piece.seg, piece.start, piece.stop, asc=False)
+
+    def on_access(
+        self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
+    ) -> None:
+        self._rerank(runs)
+
+    def on_touch(self, runs: Sequence[Run], pending: Sequence[Run], now: float) -> None:
+        # vLLM's touch re-ranks the given keys exactly as a request-scoped access does.
+        self._rerank(runs)
 
     def on_remove(self, run: Run) -> None:
         self._cut(run.seg, run.start, run.stop)
@@ -142,7 +149,7 @@ class LRUPolicy(TierPolicy):
         guard: dict[int, list[tuple[int, int]]] = {}
         for p in protected:
             guard.setdefault(p.seg, []).append((p.start, p.stop))
-        chosen: list[Run] = []  # in eviction (rank) order
+        chosen: list[Victim] = []  # in eviction (rank) order
         need = n
         popped: list[tuple[int, int, _RankRun]] = []
         heap = self._heap
@@ -155,9 +162,10 @@ class LRUPolicy(TierPolicy):
             for lo, hi in _unprotected(run.lo, run.hi, guard.get(run.seg), run.asc):
                 take = min(need, hi - lo)
                 # Ranks rise from lo (a store) or from hi - 1 (an access): take the low end.
-                chosen.append(
-                    Run(run.seg, lo, lo + take) if run.asc else Run(run.seg, hi - take, hi)
-                )
+                if run.asc:
+                    chosen.append(Victim(Run(run.seg, lo, lo + take), EvictionClass.RECENCY))
+                else:
+                    chosen.append(Victim(Run(run.seg, hi - take, hi), EvictionClass.RECENCY, True))
                 need -= take
                 if need == 0:
                     break
@@ -165,7 +173,7 @@ class LRUPolicy(TierPolicy):
             heapq.heappush(heap, entry)
         if need > 0:
             return None
-        victims = [Victim(run, EvictionClass.RECENCY) for run in chosen]
+        victims = chosen
         for victim in victims:
             self._cut(victim.run.seg, victim.run.start, victim.run.stop)
         self._compact()

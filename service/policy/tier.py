@@ -138,18 +138,27 @@ class HostTier:
 
     # --- mutations --------------------------------------------------------------------------
 
-    def store(self, runs: Sequence[Run], session: str, now: float) -> StoreResult:
+    def store(
+        self,
+        runs: Sequence[Run],
+        session: str,
+        now: float,
+        *,
+        misses: Sequence[Run] | None = None,
+    ) -> StoreResult:
         """Offer ``runs`` (a request's freshly computed blocks, prefix order) to the tier.
 
         All-or-nothing, as vLLM's ``prepare_store``: either every missing block is admitted
-        (after the policy frees room) or none is and nothing changes.
+        (after the policy frees room) or none is and nothing changes. ``misses``: the missing
+        blocks to report as store misses (vLLM reports a block once per request; default:
+        all missing blocks).
         """
         pieces = self.missing(runs)
         n_missing = sum(p.stop - p.start for p in pieces)
         self.counters["store_offers"] += 1
         if n_missing == 0:
             return StoreResult(admitted=True, stored_blocks=0)
-        self.policy.on_store_miss(pieces, now)
+        self.policy.on_store_miss(pieces if misses is None else misses, now)
         victims: list[Victim] = []
         if self.capacity is not None:
             need = n_missing - (self.capacity - self.used)
@@ -173,6 +182,30 @@ class HostTier:
         self.counters["stored_blocks"] += n_missing
         return StoreResult(admitted=True, stored_blocks=n_missing, victims=tuple(victims))
 
+    def report_misses(self, runs: Sequence[Run], now: float) -> None:
+        """Blocks were offered and missed, but the store did not go ahead (vLLM's manager had no
+        evictable room): policies that learn from misses (ARC's ghost lists) still learn."""
+        if runs:
+            self.policy.on_store_miss(runs, now)
+
+    def make_room(
+        self, n: int, session: str | None, protected: Sequence[Run], now: float
+    ) -> list[Victim] | None:
+        """Evict exactly ``n`` resident blocks outside ``protected`` with nothing stored (vLLM's
+        bare ``evict``: room for chunks the tier does not count), or ``None`` and no change."""
+        if n <= 0:
+            return []
+        if self.capacity is None:
+            return None  # an unbounded tier has no victims to give (``infinite``)
+        chosen = self.policy.select_victims(n, session, protected, now)
+        if chosen is None:
+            return None
+        freed = sum(v.run.blocks for v in chosen)
+        if freed != n:
+            raise AssertionError(f"policy {self.policy.name!r} freed {freed} blocks, asked for {n}")
+        self._clear(chosen)
+        return chosen
+
     def access(
         self,
         runs: Sequence[Run],
@@ -193,6 +226,10 @@ class HostTier:
             session = self._seg_owner[runs[0].seg]
         self.policy.on_access(session, runs, inserted, now)
         return self.expire(now)
+
+    def touch(self, runs: Sequence[Run], now: float, *, pending: Sequence[Run] = ()) -> None:
+        """vLLM's ``touch``: ``runs`` (in the caller's order) were used, outside any request."""
+        self.policy.on_touch(runs, pending, now)
 
     def request_start(self, session: str, now: float) -> None:
         self.policy.on_request_start(session, now)

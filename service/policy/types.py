@@ -49,10 +49,15 @@ class EvictionClass(StrEnum):
 
 
 class Victim(NamedTuple):
-    """Blocks a policy chose to evict, with the reason."""
+    """Blocks a policy chose to evict, with the reason.
+
+    ``descending``: the blocks leave tail first (highest index first), as vLLM's LRU evicts a
+    run a request re-ranked tail to head; callers that list them one by one keep that order.
+    """
 
     run: Run
     cls: EvictionClass
+    descending: bool = False
 
 
 @dataclass(frozen=True, slots=True)

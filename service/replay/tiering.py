@@ -51,7 +51,7 @@ from service.policy.placement import PlacementPolicy, Route, WorkerSlot, create_
 from service.policy.placement import fast_workers as choose_fast
 from service.policy.placement_guard import PlacementGuard
 from service.policy.segments import SegmentClass, SegmentTable, SessionRole, segment_key
-from service.policy.types import EvictionClass
+from service.policy.types import EvictionClass, StoreResult
 from service.replay.hardware import SsdProfile
 from service.replay.model import Turn, slice_runs
 
@@ -105,9 +105,16 @@ class _ObservedTier(HostTier):
         self.name = name
         super().__init__(policy, capacity)
 
-    def store(self, runs: Sequence[Run], session: str, now: float) -> Any:
+    def store(
+        self,
+        runs: Sequence[Run],
+        session: str,
+        now: float,
+        *,
+        misses: Sequence[Run] | None = None,
+    ) -> StoreResult:
         self._owner.now = now
-        return super().store(runs, session, now)
+        return super().store(runs, session, now, misses=misses)
 
     def expire(self, now: float) -> list[Victim]:
         self._owner.now = now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import pytest
@@ -74,3 +75,94 @@ def test_ab_bad_input_is_one_line_exit_2_before_anything_starts(
     assert len(errors) == 1 and needle in errors[0], result.stderr
     assert "Traceback" not in result.stderr
     assert "starting" not in result.stdout  # no Redis, sidecar or engine was started
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` fields after the command name (state, ppid, pgrp, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    import os
+
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _live_in_groups(groups: set[int]) -> list[int]:
+    """Processes (not zombies) in any of the process groups ``groups``."""
+    import os
+
+    live = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and fields[0] != "Z" and int(fields[2]) in groups:
+                live.append(int(entry))
+    return live
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("signame", "when"),
+    [
+        # Started in the background by a shell (SIGINT ignored), stopped while serving
+        # (~40 s here: a whole stack starts).
+        pytest.param("SIGINT", "serving:", marks=pytest.mark.slow),
+        # A service manager stopping it while vLLM is still starting.
+        ("SIGTERM", "starting vLLM"),
+    ],
+)
+def test_keep_running_stops_the_whole_stack_on_a_signal(signame: str, when: str, tmp_path) -> None:
+    import signal
+    import time
+
+    signum = getattr(signal, signame)
+    argv = [*TENURE_ARGV, "up", "--keep-running", "--no-demo", "--port", "0"]
+    process = subprocess.Popen(
+        [*argv, "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # What `tenure up --keep-running &` gets from a non-interactive shell.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    groups: set[int] = set()
+    try:
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if when in line:
+                break
+        else:
+            pytest.fail("tenure up exited early:\n" + "".join(seen))
+        if signame == "SIGTERM":
+            time.sleep(2.0)  # vLLM's server process is up and importing
+        # Redis, the sidecar and vLLM, each in its own process group (vLLM's EngineCore in
+        # vLLM's group).
+        groups = set(_children(process.pid))
+        assert len(groups) == 3, groups
+        process.send_signal(signum)
+        rest = process.communicate(timeout=90)[0]
+        assert process.returncode == 128 + signum
+        assert f"{signame}: stopping the stack" in rest and "stack stopped" in rest
+        assert _live_in_groups(groups) == [], "a component outlived tenure up"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        import os
+
+        for group in groups:  # never leave a stray stack behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, 9)
