@@ -98,11 +98,13 @@ def run_arm(
             metrics = stack.engine_metrics()
         except (urllib.error.URLError, OSError, ValueError):
             return None
-        done = list(driver.records)
+        # Every call sent, in flight included: the engine counts a call's cached tokens when
+        # it schedules it, before its answer is in.
+        sent = list(driver.sent)
         point = ArmSample(
             driver.now(),
-            len(done),
-            sum(seen[r.session][r.turn] for r in done),
+            len(driver.records),
+            sum(seen[s][k] for s, k in sent),
             *(
                 sum_metric(metrics, "vllm:prompt_tokens_by_source_total", source=s)
                 for s in _SOURCES

@@ -128,6 +128,8 @@ class Driver:
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.records: list[TurnRecord] = []
+        #: ``(session, turn)`` of every call sent so far (answered or still in flight).
+        self.sent: list[tuple[int, int]] = []
         self.state = DriverState()
         self._t0 = 0.0
         self._pending = 0
@@ -190,6 +192,7 @@ class Driver:
             for child in self._children.get((session, -1), ()):
                 self._at(self.now() + self.work.sessions[child].turns[0].gap_s, child, 0)
         record = TurnRecord(session, k, self.now())
+        self.sent.append((session, k))
         await self._send(turn, sess.id, record)
         done = record.done
         self.records.append(record)

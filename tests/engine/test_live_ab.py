@@ -27,8 +27,11 @@ ARM_KEYS = {
 #: The small slice: --quick's (4 root sessions, 8 calls each, gaps / 60 capped at 4 s).
 SLICE = ["--quick", "--seed", "0"]
 #: Loose: a 39-call slice on a shared 2-core machine (the full run's targets are 5 pp / 10%).
+#: Hit rate barely moves with the engine's speed; prompt tokens computed does (a slower engine
+#: overlaps more calls in the small pool, so fewer prefix hits survive): measured +16% / +23%
+#: over the simulator with the VM at load 6, within 2% at load 2.
 HIT_TOLERANCE_PP = 12.0
-COMPUTED_TOLERANCE = 0.25
+COMPUTED_TOLERANCE = 0.35
 
 
 def _tenure(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
