@@ -20,6 +20,8 @@ import pytest
 
 from service.stack import TENURE_ARGV, http_ok
 
+pytestmark = pytest.mark.engine
+
 ARM_KEYS = {
     "host_hit_rate", "prompt_tokens_computed", "prompt_tokens_cached", "resumed_ttft_p50_s",
     "resumed_ttft_p95_s", "jct_p50_s", "jct_p95_s", "refused_stores", "evictions",
