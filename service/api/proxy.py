@@ -485,10 +485,15 @@ class Proxy:
             await self._take_back(turn, start)
             return
         if turn.record is not None and self.recorder is not None:
-            await self.recorder.finish(
-                turn.record, tenant=turn.tenant, session=start.session, turn=start.turn,
-                stop=turn.stop_reason, usage=turn.usage, cut=outcome == CUT,
+            # Its own task: recording never delays the turn's decision.
+            task = self._loop.create_task(
+                self.recorder.finish(
+                    turn.record, tenant=turn.tenant, session=start.session, turn=start.turn,
+                    stop=turn.stop_reason, usage=turn.usage, cut=outcome == CUT,
+                )
             )  # fmt: skip
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
         now = self.clock()
         hints = turn.hints
         decision = lifecycle.on_response(
