@@ -90,3 +90,27 @@ def test_setting_switches_it_on_and_the_bound_holds(
         assert status["enabled"] is True
         assert 0 < status["bytes"] <= 2048 and status["dropped"] > 0
         assert status["turns"] + status["dropped"] == 40
+
+
+def test_tenure_record_cli_switches_and_exports(
+    client: httpx.Client, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    from service.cli import main
+
+    base = str(client.base_url).rstrip("/")
+    monkeypatch.delenv("TENURE_ADMIN_TOKEN", raising=False)
+    assert main(["record", "--url", base, "on"]) == 2  # no token: the admin route says 401
+    assert "HTTP 401" in capsys.readouterr().err
+    monkeypatch.setenv("TENURE_ADMIN_TOKEN", ADMIN_TOKEN)
+    assert main(["record", "--url", base, "on"]) == 0
+    assert '"enabled": true' in capsys.readouterr().out
+    _chat(client, "cli", "w " * 40, stream=False)
+    _wait_turns(client, 1)
+    out = tmp_path / "rec.jsonl"
+    assert main(["record", "--url", base, "export", "--out", str(out), "--block-tokens", "8"]) == 0
+    assert "1 sessions" in capsys.readouterr().out
+    trace = load_canonical(out)
+    assert trace.block_tokens == 8 and trace.sessions[0].turns[0].input_tokens == 40
+    missing = tmp_path / "no" / "rec.jsonl"
+    assert main(["record", "--url", base, "export", "--out", str(missing)]) == 2
+    assert "does not exist" in capsys.readouterr().err
