@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
+from engine_adapter.resumes import ResumeTracker
 from engine_adapter.tags import RequestTags, parse_tags
 from service.policy import EvictionClass, HostTier, Run, SessionHint, Victim, create_policy
 from service.push.messages import Decision, Snapshot
@@ -93,6 +94,8 @@ class TenureCachePolicy(CachePolicy):
         self.stats: Counter[str] = Counter()
         #: Bumped by every ``clear()``, like vLLM's manager's cache generation.
         self.generation = 0
+        #: Resumed requests classified by where their prompt came from (reported upstream).
+        self.resumes = ResumeTracker()
         self._reset_state()
 
     # --- state --------------------------------------------------------------------------------
@@ -262,7 +265,8 @@ class TenureCachePolicy(CachePolicy):
 
     def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
         """A request reached the scheduler: its session is active from now."""
-        self._request(ctx, self._clock() if now is None else now, infer=False)
+        info = self._request(ctx, self._clock() if now is None else now, infer=False)
+        self.resumes.start(info.session, ctx)
 
     # --- the store gate -------------------------------------------------------------------
 
@@ -924,6 +928,11 @@ class TenureCachePolicy(CachePolicy):
             parent=decision.parent,
             host_ttl_s=ttl,
         )
+        if decision.state == "suspended":
+            # The timer as issued (the tracker reports the branch and the time held).
+            self.resumes.suspended(session, decision.issued_at, decision.host_ttl_s)
+        elif last:
+            self.resumes.forget(session)
         if last:
             self._ended.add(session)
         if last:
