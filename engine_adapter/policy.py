@@ -96,6 +96,8 @@ class TenureCachePolicy(CachePolicy):
         self.generation = 0
         #: Resumed requests classified by where their prompt came from (reported upstream).
         self.resumes = ResumeTracker()
+        #: Tenant -> the host-retention branch of the sidecar's last snapshot.
+        self.retention_branches: dict[str, str] = {}
         self._reset_state()
 
     # --- state --------------------------------------------------------------------------------
@@ -876,6 +878,7 @@ class TenureCachePolicy(CachePolicy):
             message = self.inbox.popleft()
             if isinstance(message, Snapshot):
                 self.stats["snapshots_applied"] += 1
+                self._note_retention(message)
                 if message.seq < self.last_applied_seq:
                     # The sidecar's sequence restarted (its state was lost): its snapshot is
                     # the new baseline, whatever numbers we applied before.
@@ -894,6 +897,18 @@ class TenureCachePolicy(CachePolicy):
             self._drop_victims(self.tier.expire(now), now)
             self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
             self._refresh_timer()
+
+    def _note_retention(self, snapshot: Snapshot) -> None:
+        """Log a tenant's host-retention branch when the sidecar's controller changes it (each
+        suspension's own timer arrives in its decision; this is for the engine's operators)."""
+        branches = {t: r.branch for t, r in snapshot.config.retention.items()}
+        for tenant, branch in branches.items():
+            before = self.retention_branches.get(tenant)
+            if before is not None and before != branch:
+                self.stats["retention_branch_changes"] += 1
+                log.info("tenure: host-retention branch of %s: %s -> %s", tenant, before, branch)
+        if len(branches) <= 1024:
+            self.retention_branches = branches
 
     def _prune(self) -> None:
         """Forget per-session bookkeeping of sessions with nothing resident (bounded memory)."""
