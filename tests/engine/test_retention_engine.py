@@ -63,10 +63,10 @@ def _admin(stack: LocalStack, method: str, path: str, body: Any = None) -> Any:
     return http_json(method, f"{stack.proxy_url}{path}", body)
 
 
-def _suspended_then_resumed(stack: LocalStack, session: str, seed: int) -> list[dict[str, str]]:
-    """Turn 1 of ``session``, a flood that evicts it from HBM, then its suspension."""
+def _first_turn_then_flood(stack: LocalStack, session: str, seed: int) -> list[dict[str, str]]:
+    """Turn 1 of ``session`` (stored on host), then a flood that evicts it from HBM."""
     history = [user(seed)]
-    first = stack.chat(history, session=session)
+    first = stack.chat(history, session=session, expected_gap_ms=60_000)
     history += [first["choices"][0]["message"], user(seed + 1, 20)]
     for other in (seed + 10, seed + 11, seed + 12):
         stack.chat([user(other)])
@@ -85,7 +85,7 @@ def test_an_expired_host_ttl_resume_is_recomputed_and_counted(stack: LocalStack)
     # C2 = 1 slot at W_ref 1000 s, lambda pinned at 1/s: heavily congested, t2 ~ 1 s.
     _admin(stack, "PATCH", "/admin/config", {"host_slots": 1, "w_ref_s": 1000,
            "lambda_mode": "fixed", "lambda_fixed_per_s": 1.0})  # fmt: skip
-    history = _suspended_then_resumed(stack, "ret-ttl", 500)
+    history = _first_turn_then_flood(stack, "ret-ttl", 500)
     expiries = stack.sidecar_metrics().get(EXPIRIES, 0.0)
     body = _admin(stack, "POST", "/v1/sessions/ret-ttl/suspend", {"reason": "approval"})
     assert body["reason"] == "host_ttl"
@@ -105,9 +105,35 @@ def test_an_expired_host_ttl_resume_is_recomputed_and_counted(stack: LocalStack)
     assert metrics[cost] >= 1.91  # at least the recompute, beta3
 
 
+def test_on_the_retain_branch_the_resume_is_a_host_hit(stack: LocalStack) -> None:
+    # The SRE's calibration sample: waits five times t2 under this congestion, where a timer
+    # discards every copy; the controller switches to retain (a logged decision).
+    _admin(stack, "POST", "/admin/waits", {"waits_s": [5.0] * 50})
+    view = _admin(stack, "POST", "/admin/retention/decide?tenant=default")
+    row = next(t for t in view["tenants"] if t["tenant"] == "default")
+    assert row["branch"] == "retain", row["reason"]
+    history = _first_turn_then_flood(stack, "ret-keep", 600)
+    body = _admin(stack, "POST", "/v1/sessions/ret-keep/suspend", {"reason": "approval"})
+    assert body["host_ttl_s"] is None and body["reason"] == "regime_retain"
+    time.sleep(2.0)  # past the ~1 s timer the ttl branch would have given
+    _admin(stack, "POST", "/v1/sessions/ret-keep/resume", {})
+    tokens = _turn(stack, history, "ret-keep")
+    counters = {k: v for k, v in stack.sidecar_metrics().items() if "adapter" in k}
+    assert tokens[EXTERNAL] >= 256, (tokens, counters)  # turn 1 came back from the host tier
+    stack.wait_metric(_resumes("retain", "host"), lambda v: v >= 1)
+    log = _admin(stack, "GET", "/admin/retention/decisions?tenant=default")["decisions"]
+    assert any("switched ttl -> retain" in d["reason"] for d in log)
+
+
 def test_calibrate_writes_a_vector_the_next_suspension_uses(
     stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Back to ttl first: a sample with many short waits and some very long ones, where
+    # keeping every copy lets the long ones hold the one slot (the controller switches).
+    waits = [0.1] * 800 + [3000.0] * 100
+    _admin(stack, "POST", "/admin/waits", {"waits_s": waits})
+    view = _admin(stack, "POST", "/admin/retention/decide?tenant=default")
+    assert view["tenants"][0]["branch"] == "ttl", view["tenants"][0]["reason"]
     out = tmp_path / "cal.json"
     rc = main([
         "calibrate", "--engine", stack.engine_url, "--repeats", "3", "--json", str(out),
@@ -125,22 +151,3 @@ def test_calibrate_writes_a_vector_the_next_suspension_uses(
     assert body["host_ttl_s"] != pytest.approx(
         host_ttl_seconds(1.0, PriceVector(0.0176, 0.02, 1.91), 1, 1000)
     )
-
-
-def test_on_the_retain_branch_the_resume_is_a_host_hit(stack: LocalStack) -> None:
-    # The SRE's calibration sample: waits five times t2 under this congestion, where a timer
-    # discards every copy; the controller switches to retain (a logged decision).
-    _admin(stack, "POST", "/admin/waits", {"waits_s": [5.0] * 50})
-    view = _admin(stack, "POST", "/admin/retention/decide?tenant=default")
-    row = next(t for t in view["tenants"] if t["tenant"] == "default")
-    assert row["branch"] == "retain", row["reason"]
-    history = _suspended_then_resumed(stack, "ret-keep", 600)
-    body = _admin(stack, "POST", "/v1/sessions/ret-keep/suspend", {"reason": "approval"})
-    assert body["host_ttl_s"] is None and body["reason"] == "regime_retain"
-    time.sleep(2.0)  # past the ~1 s timer the ttl branch would have given
-    _admin(stack, "POST", "/v1/sessions/ret-keep/resume", {})
-    tokens = _turn(stack, history, "ret-keep")
-    assert tokens[EXTERNAL] >= 256  # the first turn came back from the host tier
-    stack.wait_metric(_resumes("retain", "host"), lambda v: v >= 1)
-    log = _admin(stack, "GET", "/admin/retention/decisions?tenant=default")["decisions"]
-    assert any("switched ttl -> retain" in d["reason"] for d in log)

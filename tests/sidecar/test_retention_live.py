@@ -251,3 +251,42 @@ def test_reported_resume_outcomes_are_counted_per_branch_and_priced():
     assert sample(cost, branch="ttl", outcome="recomputed") == pytest.approx(price_2 * 20 + 1.91)
     assert sample(cost, branch="retain", outcome="host") == pytest.approx(price_2 * 50 + 0.02)
     assert sample(cost, branch="retain", outcome="hbm") == pytest.approx(0.0176 * 10)
+
+
+def test_a_branch_change_is_pushed_and_reported_resumes_are_counted(sidecar_factory):
+    from service.push.messages import Hello, Snapshot
+    from tests.sidecar.fake_upstream import free_port
+    from tests.sidecar.test_push import Peer
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = sidecar_factory(push_addr=addr, push_snapshot_interval_s=60)
+    peer = Peer(addr)
+    try:
+        peer.send(Hello(adapter_id="a1"))
+        snap = peer.receive(Snapshot)
+        assert snap.config.retention["default"].branch == "ttl"
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            patch = {"host_slots": 1, "w_ref_s": 10, "lambda_mode": "fixed",
+                     "lambda_fixed_per_s": 2.0}  # fmt: skip
+            assert _admin(http, "PATCH", "/admin/config", json=patch).status_code == 200
+            peer.receive(Snapshot)  # the config change's own snapshot
+            assert _admin(http, "POST", "/admin/waits", json={"waits_s": [5.0] * 50}).is_success
+            reply = _admin(http, "POST", "/admin/retention/decide", params={"tenant": "default"})
+            assert reply.json()["tenants"][0]["branch"] == "retain"
+            # The switch went out at once, without waiting for the periodic snapshot.
+            pushed = peer.receive(Snapshot, timeout_s=3)
+            assert pushed.config.retention["default"].branch == "retain"
+            assert pushed.config.retention["default"].host_ttl_s is None
+            outcome = ResumeOutcome(tenant="default", branch="retain", outcome="host",
+                                    wait_s=4.0, host_held_s=4.0, host_tokens=256)  # fmt: skip
+            peer.send(ResidencyReport(adapter_id="a1", report_seq=1, at=time.time(),
+                                      resumes=[outcome]))  # fmt: skip
+            for _ in range(100):
+                text = http.get("/metrics").text
+                if 'tenure_resumes_total{branch="retain",outcome="host"} 1.0' in text:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the reported resume was not counted")
+    finally:
+        peer.close()
