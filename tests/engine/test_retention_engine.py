@@ -136,8 +136,10 @@ def test_calibrate_writes_a_vector_the_next_suspension_uses(
     assert view["tenants"][0]["branch"] == "ttl", view["tenants"][0]["reason"]
     out = tmp_path / "cal.json"
     rc = main([
+        # The seed's fixed host-resume allowance: on a shared CPU the difference of two
+        # noisy medians can exceed the recompute (test_calibrate.py measures beta2 itself).
         "calibrate", "--engine", stack.engine_url, "--repeats", "3", "--json", str(out),
-        "--write-sidecar", stack.proxy_url,
+        "--beta2", "0.02", "--write-sidecar", stack.proxy_url,
     ])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     price = json.loads(out.read_text())["price"]

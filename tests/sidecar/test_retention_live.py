@@ -290,3 +290,20 @@ def test_a_branch_change_is_pushed_and_reported_resumes_are_counted(sidecar_fact
                 raise AssertionError("the reported resume was not counted")
     finally:
         peer.close()
+
+
+def test_a_calibration_against_no_engine_is_one_line_and_changes_nothing(
+    sidecar: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+    from tests.sidecar.fake_upstream import free_port
+
+    with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+        before = _admin(http, "GET", "/admin/config").json()
+        rc = main([
+            "calibrate", "--engine", f"http://127.0.0.1:{free_port()}",
+            "--write-sidecar", sidecar.url, "--admin-token", "test-admin-token",
+        ])  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and "not reachable" in err and len(err.splitlines()) == 1
+        assert _admin(http, "GET", "/admin/config").json() == before
