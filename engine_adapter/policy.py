@@ -44,6 +44,7 @@ from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus, order_request_keys
 
 from engine_adapter.key_map import merge_locs
 from engine_adapter.policy_state import Loc
+from engine_adapter.resumes import ResumeTracker
 from engine_adapter.stock_path import StockPath
 from service.policy import EvictionClass, HostTier, Run, SessionHint, create_policy
 from service.wire.push import Decision, Snapshot
@@ -80,6 +81,10 @@ class TenureCachePolicy(StockPath):
         self.stats: Counter[str] = Counter()
         #: Bumped by every ``clear()``, like vLLM's manager's cache generation.
         self.generation = 0
+        #: Resumed requests classified by where their prompt came from (reported upstream).
+        self.resumes = ResumeTracker()
+        #: Tenant -> the host-retention branch of the sidecar's last snapshot.
+        self.retention_branches: dict[str, str] = {}
         self._reset_state()
 
     def _reset_state(self) -> None:

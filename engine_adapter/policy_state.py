@@ -20,6 +20,7 @@ from typing import ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
+from engine_adapter.resumes import ResumeTracker
 from engine_adapter.tags import RequestTags
 from service.policy import EvictionClass, HostTier, SessionHint, TierPolicy
 from service.wire.push import Decision, Snapshot
@@ -61,6 +62,10 @@ class PolicyState(CachePolicy):
     inbox: deque[Decision | Snapshot]
     stats: Counter[str]
     generation: int
+    #: Resumed requests classified by where their prompt came from (reported upstream).
+    resumes: ResumeTracker
+    #: Tenant -> the host-retention branch of the sidecar's last snapshot.
+    retention_branches: dict[str, str]
     _epoch: object
     core: TierPolicy
     tier: HostTier

@@ -9,6 +9,7 @@ manager's pool when it can free chunks itself.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -20,6 +21,8 @@ from service.policy import EvictionClass, Run, SessionHint, Victim
 from service.wire.push import Decision, Snapshot
 
 __all__ = ["PushedDecisions"]
+
+log = logging.getLogger("vllm.tenure")
 
 #: Per-session tables above this size drop sessions with nothing resident (checked every
 #: 1024 polls, i.e. engine steps).
@@ -100,6 +103,7 @@ class PushedDecisions(KeyMap):
             message = self.inbox.popleft()
             if isinstance(message, Snapshot):
                 self.stats["snapshots_applied"] += 1
+                self._note_retention(message)
                 if message.seq < self.last_applied_seq:
                     # The sidecar's sequence restarted (its state was lost): its snapshot is
                     # the new baseline, whatever numbers we applied before.
@@ -118,6 +122,18 @@ class PushedDecisions(KeyMap):
             self._drop_victims(self.tier.expire(now), now)
             self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
             self._refresh_timer()
+
+    def _note_retention(self, snapshot: Snapshot) -> None:
+        """Log a tenant's host-retention branch when the sidecar's controller changes it (each
+        suspension's own timer arrives in its decision; this is for the engine's operators)."""
+        branches = {t: r.branch for t, r in snapshot.config.retention.items()}
+        for tenant, branch in branches.items():
+            before = self.retention_branches.get(tenant)
+            if before is not None and before != branch:
+                self.stats["retention_branch_changes"] += 1
+                log.info("tenure: host-retention branch of %s: %s -> %s", tenant, before, branch)
+        if len(branches) <= 1024:
+            self.retention_branches = branches
 
     def _prune(self) -> None:
         """Forget per-session bookkeeping of sessions with nothing resident (bounded memory)."""
@@ -152,6 +168,11 @@ class PushedDecisions(KeyMap):
             parent=decision.parent,
             host_ttl_s=ttl,
         )
+        if decision.state == "suspended":
+            # The timer as issued (the tracker reports the branch and the time held).
+            self.resumes.suspended(session, decision.issued_at, decision.host_ttl_s)
+        elif last:
+            self.resumes.forget(session)
         if last:
             self._ended.add(session)
         if last:

@@ -88,4 +88,5 @@ class Requests(PushedDecisions):
 
     def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
         """A request reached the scheduler: its session is active from now."""
-        self._request(ctx, self._clock() if now is None else now, infer=False)
+        info = self._request(ctx, self._clock() if now is None else now, infer=False)
+        self.resumes.start(info.session, ctx)

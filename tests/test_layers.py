@@ -39,9 +39,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.api",),
     # 5: the application
     ("service.app",),
-    # 6: the local-stack launcher and the benchmarks: imported by the command line only
-    ("service.stack", "benchmarks"),
-    # 7: the command line (``tenure`` and each package's ``cli`` / ``*_cli`` module)
+    # 6: the local-stack launcher
+    ("service.stack",),
+    # 7: the live A/B harness on the stack, and the benchmarks: imported by the CLI only
+    ("service.live", "benchmarks"),
+    # 8: the command line (``tenure`` and each package's ``cli`` / ``*_cli`` module)
     ("<cli>",),
 ]
 #: What the engine adapter may import of the rest of the house (besides vLLM and itself).

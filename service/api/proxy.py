@@ -48,6 +48,7 @@ from service.api.proxy_bodies import (
     unauthorized,
     wanted_headers,
 )
+from service.api.recorder import Recorder
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.turn_book import CUT, FAILED, OK, Turn, TurnBook
@@ -90,8 +91,10 @@ class Proxy:
         upstream: UpstreamClient,
         tenants: TenantResolver,
         clock: Callable[[], float],
+        recorder: Recorder | None = None,
     ) -> None:
         self.settings = settings
+        self.recorder = recorder
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
@@ -104,7 +107,7 @@ class Proxy:
         self._drop_client_auth = not tenants.open
         # Built in the app's lifespan, so on the loop it serves. (Each get_running_loop() call
         # costs a getpid() system call on Python 3.11, several per request.)
-        self.turns = TurnBook(settings, store, runtime, metrics, clock)
+        self.turns = TurnBook(settings, store, runtime, metrics, clock, recorder)
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
@@ -184,6 +187,8 @@ class Proxy:
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
             turn = await self.turns.start(route, tenant, hints, payload)
+            if turn is not None and self.recorder is not None:
+                turn.record = self.recorder.begin(payload, hints)
             if turn is not None or had_tenure or dropped:
                 body = self._rewrite(payload, turn, hints)
         except HintError as exc:

@@ -39,6 +39,7 @@ class _Choice(msgspec.Struct):
 
 class _Completion(msgspec.Struct):
     choices: list[_Choice] = []
+    usage: dict[str, Any] | None = None
 
 
 _completion_decoder = msgspec.json.Decoder(_Completion)
@@ -65,6 +66,12 @@ def scan_completion(turn: Turn, content: bytes, content_encoding: str) -> None:
         return
     if not completion.choices:
         return
+    if completion.usage is not None and turn.record is not None:
+        turn.usage = {
+            k.removesuffix("_tokens"): v
+            for k, v in completion.usage.items()
+            if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)
+        }
     choice = completion.choices[0]
     turn.stop_reason = choice.finish_reason
     calls = (choice.message or {}).get("tool_calls")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from service.metrics import Metrics
 from service.policy import GapPredictor, stop_class
@@ -21,6 +22,9 @@ from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
 from service.state.samples import YIELD_EVERY
 from service.state.store import StateStore
+
+if TYPE_CHECKING:
+    from service.api.retention import RetentionControl
 
 __all__ = ["Runtime"]
 
@@ -53,6 +57,8 @@ class Runtime:
         self._predictors: dict[str, GapPredictor] = {}
         self._gap_heads: dict[str, tuple[int, str]] = {}
         self._tenants: set[str] = set(tenants)
+        #: The online host-retention controller (set by the app; refreshed with the rest).
+        self.retention: RetentionControl | None = None
 
     # --- decisions' inputs ---------------------------------------------------------------------
 
@@ -92,6 +98,8 @@ class Runtime:
                 await self._sample_states()
         except StateUnavailable:
             pass
+        if self.retention is not None:
+            await self.retention.refresh(self.config, self.calibration_waits)
         self._export_retention()
 
     async def _refresh_config(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from service.api import decisions
 from service.api.hints import HintError, Hints
 from service.api.inference import prefix_digests
+from service.api.recorder import PendingTurn, Recorder
 from service.api.runtime import Runtime
 from service.api.turns import TurnForecasts
 from service.metrics import Metrics
@@ -38,6 +39,7 @@ log = logging.getLogger("service.api.proxy")
 
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
 _TOOL_NAME = re.compile(rb'"function"\s*:\s*\{\s*"name"\s*:\s*"([^"\\]{1,128})"')
+_USAGE = re.compile(rb'"(prompt|completion)_tokens"\s*:\s*([0-9]{1,12})')
 
 #: How a forwarded turn ended, for the record: the upstream answered it (``OK``), answered
 #: and then the stream was cut (``CUT``: the turn counts, the session is not finished), or
@@ -61,6 +63,9 @@ class Turn:
     counting: asyncio.Task[TurnStart | Uncounted | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
+    #: While recording (service.api.recorder): the request side, and the answer's usage.
+    record: PendingTurn | None = None
+    usage: dict[str, int] | None = None
 
     def scan(self, chunk: bytes) -> None:
         if b"finish_reason" in chunk:
@@ -70,6 +75,8 @@ class Turn:
             found = _TOOL_NAME.search(chunk)
             if found is not None:
                 self.tool = found.group(1).decode(errors="replace")
+        if self.record is not None and b'"usage"' in chunk:
+            self.usage = {k.decode(): int(v) for k, v in _USAGE.findall(chunk)}
 
 
 def _clean_tool(name: str | None) -> str:
@@ -89,8 +96,10 @@ class TurnBook:
         runtime: Runtime,
         metrics: Metrics,
         clock: Callable[[], float],
+        recorder: Recorder | None = None,
     ) -> None:
         self.settings = settings
+        self.recorder = recorder
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
@@ -229,6 +238,16 @@ class TurnBook:
         if outcome == FAILED:
             await self._take_back(turn, start)
             return
+        if turn.record is not None and self.recorder is not None:
+            # Its own task: recording never delays the turn's decision.
+            task = self._loop.create_task(
+                self.recorder.finish(
+                    turn.record, tenant=turn.tenant, session=start.session, turn=start.turn,
+                    stop=turn.stop_reason, usage=turn.usage, cut=outcome == CUT,
+                )
+            )  # fmt: skip
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
         now = self.clock()
         hints = turn.hints
         decision = lifecycle.on_response(
