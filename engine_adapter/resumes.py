@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
+from engine_adapter.vllm_compat import offload_key_positions
 from service.wire.push import ResumeOutcome
 
 __all__ = ["ResumeTracker"]
@@ -91,7 +92,7 @@ class ResumeTracker:
         if probe is None:
             return
         ctx._state.pop(_Probe, None)  # once per request
-        positions = sorted(set(ctx._offload_key_positions.values()))
+        positions = sorted(set(offload_key_positions(ctx).values()))
         if not positions:
             return
         block = positions[0]
