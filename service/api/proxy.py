@@ -197,7 +197,10 @@ class Proxy:
 
     async def passthrough(self, request: Request) -> Response:
         started = time.perf_counter()
-        tenant = self.tenants.resolve(request.headers.get("authorization"))
+        authorization = request.headers.get("authorization")
+        if authorization is None and "x-api-key" in request.headers:
+            authorization = f"Bearer {request.headers['x-api-key']}"  # Anthropic clients
+        tenant = self.tenants.resolve(authorization)
         if tenant is None:
             return self._done("passthrough", _unauthorized(), started)
         try:
@@ -229,7 +232,11 @@ class Proxy:
         started = time.perf_counter()
         route = shape.name
         headers = _wanted_headers(request.scope["headers"])
-        tenant = self.tenants.resolve(headers.get("authorization"))
+        authorization = headers.get("authorization")
+        if authorization is None and "x-api-key" in headers:
+            # The Anthropic clients send their key as x-api-key.
+            authorization = f"Bearer {headers['x-api-key']}"
+        tenant = self.tenants.resolve(authorization)
         if tenant is None:
             return self._done(route, _unauthorized(shape), started)
         try:
@@ -863,7 +870,12 @@ def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 _READ_HEADERS = frozenset(
-    {b"authorization", b"content-length", *(h.encode() for h in dialects.DIALECT_HEADERS)}
+    {
+        b"authorization",
+        b"content-length",
+        b"x-api-key",
+        *(h.encode() for h in dialects.DIALECT_HEADERS),
+    }
 )
 
 

@@ -62,8 +62,9 @@ def forward_headers(
 ) -> list[tuple[bytes, bytes]]:
     """Request headers for upstream: hop-by-hop and ``X-Tenure-*`` removed, auth replaced.
 
-    ``drop_client_auth``: the caller's ``Authorization`` is a tenant key of the sidecar's,
-    never the upstream's to see (``authorization`` then replaces it, or nothing does).
+    ``drop_client_auth``: the caller's ``Authorization`` (or ``x-api-key``) is a tenant key of
+    the sidecar's, never the upstream's to see (``authorization`` then replaces it, or nothing
+    does).
     """
     out = []
     drop_auth = authorization is not None or drop_client_auth
@@ -71,7 +72,7 @@ def forward_headers(
         lowered = name.lower()
         if lowered in _HOP_BY_HOP_BYTES or lowered.startswith(b"x-tenure-"):
             continue
-        if drop_auth and lowered == b"authorization":
+        if drop_auth and lowered in _CLIENT_AUTH:
             continue
         out.append((name, value))
     if authorization is not None:
@@ -80,6 +81,8 @@ def forward_headers(
 
 
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in _HOP_BY_HOP)
+#: A caller's credentials: ``x-api-key`` is the Anthropic clients' spelling of the bearer key.
+_CLIENT_AUTH = frozenset({b"authorization", b"x-api-key"})
 
 
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

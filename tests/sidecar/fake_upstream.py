@@ -72,12 +72,12 @@ class FakeUpstream:
             return
         model = body.get("model", "echo") if isinstance(body, dict) else "echo"
         if scope["path"] in ("/v1/messages", "/v1/responses") and model not in _SPECIAL_MODELS:
-            stream = isinstance(body, dict) and bool(body.get("stream"))
+            streamed = isinstance(body, dict) and bool(body.get("stream"))
             if scope["path"] == "/v1/messages":
-                await _anthropic(send, model, stream)
+                await _anthropic(send, model, streamed)
             else:
                 self.responses += 1
-                await _responses(send, model, stream, f"resp_{self.responses:06d}")
+                await _responses(send, model, streamed, f"resp_{self.responses:06d}")
             return
         if model == "error":
             await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})

@@ -63,9 +63,7 @@ def _tenure(fake) -> dict[str, Any]:
 
 def _metric(url: str, dialect: str, field: str, outcome: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    want = (
-        f'tenure_dialect_fields_total{{dialect="{dialect}",field="{field}",outcome="{outcome}"}}'
-    )
+    want = f'tenure_dialect_fields_total{{dialect="{dialect}",field="{field}",outcome="{outcome}"}}'
     for line in text.splitlines():
         if line.startswith(want):
             return float(line.rsplit(" ", 1)[1])
@@ -119,9 +117,11 @@ def test_conflicts_resolve_by_precedence(sidecar, upstream):
             headers.update(h)
             extra.update(e)
         _send(sidecar.url, headers, extra, "/v1/chat/completions")
-        winner = ladder[top][1].get("X-Tenure-Session") or ladder[top][1].get(
-            "X-Dynamo-Session-ID"
-        ) or ladder[top][1].get("X-Session-Token")
+        winner = (
+            ladder[top][1].get("X-Tenure-Session")
+            or ladder[top][1].get("X-Dynamo-Session-ID")
+            or ladder[top][1].get("X-Session-Token")
+        )
         if winner is None:
             e = ladder[top][2]
             winner = e["agent_hint"]["session_id"] if "agent_hint" in e else e["prompt_cache_key"]

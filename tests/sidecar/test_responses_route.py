@@ -19,7 +19,7 @@ KEY_B = "sk-tenant-b-0123456789"
 TENANTS = {KEY_A: {"name": "a"}, KEY_B: {"name": "b"}}
 
 
-def _client(url: str, key: str = "sk-any") -> openai.OpenAI:
+def _client(url: str, key: str = "sk-any") -> Any:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
@@ -49,7 +49,7 @@ def test_a_chain_is_one_session_whole_and_streamed(sidecar, upstream):
 
     result = [{"type": "function_call_output", "call_id": "call_1", "output": "1 passed"}]
     stream = oa.responses.create(
-        model="echo", input=result, previous_response_id=first.id, stream=True  # type: ignore[arg-type]
+        model="echo", input=result, previous_response_id=first.id, stream=True
     )
     events = [event.type for event in stream]
     assert events[0] == "response.created" and events[-1] == "response.completed"
