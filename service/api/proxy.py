@@ -37,12 +37,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from service.api import decisions, dialects
-from service.api.errors import openai_error
+from service.api.errors import openai_error, unavailable
 from service.api.hints import HintError, Hints, parse_hints
 from service.api.inference import prefix_digests
 from service.api.messages import MessagesShape
 from service.api.paths import PathRefused, check_passthrough_path
-from service.api.responses import ResponsesShape
+from service.api.responses import ResponsesShape, stored_response_id
 from service.api.route_shape import RouteInputError, RouteShape
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
@@ -207,6 +207,20 @@ class Proxy:
             check_passthrough_path(request.scope)
         except PathRefused as exc:
             return self._done("passthrough", exc.response, started)
+        answer_id = stored_response_id(request.url.path)
+        if answer_id is not None:
+            # vLLM serves stored responses to any caller: only the tenant whose request
+            # produced one may read or cancel it.
+            try:
+                owned = await aliases.resolve(self.store, tenant.name, answer_id)
+            except StateUnavailable as exc:
+                self.metrics.fail_open.inc()
+                return self._done("passthrough", unavailable(exc.retry_after_s), started)
+            if owned is None:
+                response = openai_error(
+                    404, f"response {answer_id[:128]!r} not found", code="not_found"
+                )
+                return self._done("passthrough", response, started)
         try:
             body = await self._read_body(request, request.headers.get("content-length"))
         except _TooLarge:

@@ -30,7 +30,7 @@ from service.api.dialects import Found, session_key
 from service.api.errors import openai_error
 from service.api.route_shape import Prepared, RouteInputError, TurnScan
 
-__all__ = ["ResponsesShape"]
+__all__ = ["ResponsesShape", "stored_response_id"]
 
 _MAX_ID = 256
 _ID = re.compile(rb'"id"\s*:\s*"(resp[_-][A-Za-z0-9_-]{1,200})"')
@@ -39,6 +39,15 @@ _TOOL_CALL = re.compile(
     rb'"name"\s*:\s*"([^"\\]{1,128})"'
 )
 _TOOL_TYPES = frozenset({"function_call", "custom_tool_call", "mcp_call", "computer_call"})
+
+
+_STORED = re.compile(r"^/v1/responses/([^/]{1,256})(?:/(?:cancel|input_items))?$")
+
+
+def stored_response_id(path: str) -> str | None:
+    """The response id of a ``/v1/responses/{id}`` path (read, cancel, input items), if any."""
+    match = _STORED.match(path)
+    return match.group(1) if match else None
 
 
 def _optional_str(payload: Mapping[str, Any], name: str) -> str | None:

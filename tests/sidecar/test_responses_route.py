@@ -137,3 +137,27 @@ def test_langchain_openai_on_the_responses_api(sidecar):
         pass
     records = {r["session_id"]: r for r in _sessions(sidecar.url)}
     assert records["lc-1"]["turn"] == 2 and records["lc-1"]["stop_reason"] == "stop"
+
+
+def test_stored_responses_are_read_only_by_their_tenant(sidecar_factory, upstream):
+    fake, _ = upstream
+    sidecar = sidecar_factory(tenants=TENANTS)
+    mine = _client(sidecar.url, KEY_A).responses.create(model="echo", input="secret plan")
+    before = len(fake.received)
+    for path in (f"/v1/responses/{mine.id}", f"/v1/responses/{mine.id}/input_items"):
+        other = httpx.get(
+            f"{sidecar.url}{path}", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=10
+        )
+        assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
+    cancel = httpx.post(
+        f"{sidecar.url}/v1/responses/{mine.id}/cancel",
+        headers={"Authorization": f"Bearer {KEY_B}"}, timeout=10,
+    )  # fmt: skip
+    assert cancel.status_code == 404
+    assert len(fake.received) == before  # never forwarded
+    owner = httpx.get(
+        f"{sidecar.url}/v1/responses/{mine.id}",
+        headers={"Authorization": f"Bearer {KEY_A}"}, timeout=10,
+    )  # fmt: skip
+    assert owner.status_code == 200  # forwarded to the engine for its owner
+    assert fake.received[-1].path == f"/v1/responses/{mine.id}"
