@@ -36,6 +36,8 @@ from starlette.responses import Response
 from service.api.dialects import Found, retention_seconds, session_key
 from service.api.inference import prefix_digests
 from service.api.route_shape import Prepared, RouteInputError, TurnScan
+from service.api.upstream import stream_cut_reason
+from service.api.upstream_client import UpstreamError
 
 __all__ = [
     "CacheBreakpoint",
@@ -283,3 +285,9 @@ class MessagesShape:
             found = _TOOL.search(chunk)
             if found is not None:
                 turn.tool = found.group(1).decode(errors="replace")
+
+    def stream_error(self, exc: UpstreamError) -> bytes:
+        # Anthropic's own error event: the official clients raise on it.
+        message, _code = stream_cut_reason(exc)
+        body = _encode({"type": "error", "error": {"type": "api_error", "message": message}})
+        return b"event: error\ndata: " + body + b"\n\n"

@@ -615,6 +615,7 @@ class Proxy:
             headers=headers,
             on_chunk=on_chunk,
             on_complete=on_complete,
+            error_event=shape.stream_error if shape is not None else None,
         )
 
     # --- end of turn -------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from starlette.responses import Response
 from service.api.dialects import Found, session_key
 from service.api.errors import openai_error
 from service.api.route_shape import Prepared, RouteInputError, TurnScan
+from service.api.upstream import stream_cut_reason
+from service.api.upstream_client import UpstreamError
 
 __all__ = ["ResponsesShape", "stored_response_id"]
 
@@ -136,3 +138,11 @@ class ResponsesShape:
                 turn.stop_reason = "max_tokens"
             elif b"response.completed" in chunk:
                 turn.stop_reason = "stop"
+
+    def stream_error(self, exc: UpstreamError) -> bytes:
+        # The Responses API's ``error`` event: the official clients raise on it.
+        message, code = stream_cut_reason(exc)
+        body = msgspec.json.encode(
+            {"type": "error", "code": code, "message": message, "param": None}
+        )
+        return b"event: error\ndata: " + body + b"\n\n"

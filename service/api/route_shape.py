@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from starlette.responses import Response
 
 from service.api.dialects import NOTHING, Found
+from service.api.upstream_client import UpstreamError
 
 __all__ = ["NOTHING", "Prepared", "RouteInputError", "RouteShape", "TurnScan"]
 
@@ -80,4 +81,8 @@ class RouteShape(Protocol):
 
     def scan_chunk(self, turn: TurnScan, chunk: bytes) -> None:
         """Read them from one streamed chunk."""
+        ...
+
+    def stream_error(self, exc: UpstreamError) -> bytes:
+        """The events that end a stream the upstream cut, in the API's own format."""
         ...

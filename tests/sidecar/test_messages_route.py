@@ -246,3 +246,17 @@ def test_litellm_anthropic_provider_through_the_sidecar(sidecar, client, monkeyp
         )
     record = _session(client, "litellm-1")
     assert record["turn"] == 2 and record["stop_reason"] == "end_turn"
+
+
+def test_a_cut_stream_ends_with_anthropic_error_event(sidecar, client):
+    body = {"model": "die", "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "x"}]}  # fmt: skip
+    with httpx.Client(timeout=10) as http:
+        reply = http.post(
+            f"{sidecar.url}/v1/messages", json=body, headers={"X-Tenure-Session": "cut-1"}
+        )
+    assert reply.status_code == 200
+    assert reply.content.endswith(b"\n\n") and b"event: error\ndata: " in reply.content
+    assert b"[DONE]" not in reply.content  # not OpenAI's ending on Anthropic's route
+    record = _session(client, "cut-1")
+    assert record["turn"] == 1 and record["state"] != "finished"
