@@ -270,6 +270,9 @@ def read(
     headers: Mapping[str, str], payload: Mapping[str, Any], route: Found = NOTHING
 ) -> DialectReading:
     """Every dialect's reading, highest precedence first (``route``: the route's own keys)."""
+    if not has_dialect_headers(headers) and not any(k in payload for k in DIALECT_BODY_KEYS):
+        # No dialect speaks (the common case): only the route's own keys.
+        return DialectReading(sources=[("route", route)] if route != NOTHING else [])
     reading = DialectReading()
     reading.sources.append(("dynamo", _dynamo(headers, payload, reading)))
     reading.sources.append(("vllm", _vllm(payload, reading)))

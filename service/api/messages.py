@@ -257,8 +257,7 @@ class MessagesShape:
         info = inspect(payload)
         session = _metadata_session(payload)
         native = Found(session=session, retention_s=info.retention_s)
-        digests = digests_of(payload) if session is None else []
-        return Prepared(native=native, digests=digests, info=info)
+        return Prepared(native=native, infer=lambda: digests_of(payload), info=info)
 
     def scan_body(self, turn: TurnScan, content: bytes) -> None:
         try:

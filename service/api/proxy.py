@@ -285,7 +285,10 @@ class Proxy:
             if hints.session is None and prepared.new_session is not None:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             _drop_client_tenure(payload)
-            turn = await self._start_turn(route, tenant, hints, payload, prepared.digests)
+            digests: list[str] = []
+            if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
+                digests = prepared.infer()
+            turn = await self._start_turn(route, tenant, hints, payload, digests)
             if turn is not None:
                 turn.shape = shape
                 turn.info = prepared.info

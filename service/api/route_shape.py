@@ -9,8 +9,8 @@ found in an answer (whole or streamed), and the API's own error body. ``/v1/mess
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.responses import Response
@@ -39,8 +39,9 @@ class Prepared:
 
     #: The route's own session keys (precedence: below Dynamo and the vLLM RFC).
     native: Found = NOTHING
-    #: Prefix digests for inference (whole request first); empty: no inference.
-    digests: list[str] = field(default_factory=list)
+    #: Prefix digests for inference (whole request first), computed only when no key names
+    #: the session (hashing the conversation is the costly part); None: no inference.
+    infer: Callable[[], list[str]] | None = None
     #: An earlier answer's id this request continues (``previous_response_id``).
     chain: str | None = None
     #: A fresh session id for a request that names none and cannot be inferred.
