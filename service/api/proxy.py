@@ -258,7 +258,8 @@ class Proxy:
         except _TooLarge:
             self.metrics.hint_rejections.labels("body").inc()
             message = f"request body is larger than {self.settings.max_body_bytes} bytes"
-            return self._done(route, shape.error(413, message, param="body"), started)
+            response = shape.error(413, message, param="body", code="body_too_large")
+            return self._done(route, response, started)
         except ClientDisconnect:
             return Response(status_code=499)
         try:
@@ -268,7 +269,8 @@ class Proxy:
         if not isinstance(payload, dict):
             self.metrics.hint_rejections.labels("body").inc()
             message = _bad_body_message(_BadBody(payload is _NOT_JSON))
-            return self._done(route, shape.error(400, message, param="body"), started)
+            response = shape.error(400, message, param="body", code="invalid_body")
+            return self._done(route, response, started)
         turn: _Turn | None = None
         try:
             hints = parse_hints(headers, payload.pop("tenure", None))
@@ -315,7 +317,8 @@ class Proxy:
             self._finish_turn(turn, FAILED)
             self.metrics.hint_rejections.labels("body").inc()
             message = _bad_body_message(_BadBody(True))
-            return self._done(route, shape.error(400, message, param="body"), started)
+            response = shape.error(400, message, param="body", code="invalid_body")
+            return self._done(route, response, started)
         return await self._forward(request, route, "POST", shape.path, body, turn, started, shape)
 
     def _with_dialects(

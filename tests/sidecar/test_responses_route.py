@@ -161,3 +161,20 @@ def test_stored_responses_are_read_only_by_their_tenant(sidecar_factory, upstrea
     )  # fmt: skip
     assert owner.status_code == 200  # forwarded to the engine for its owner
     assert fake.received[-1].path == f"/v1/responses/{mine.id}"
+
+
+def test_a_forged_tenure_is_replaced_by_the_sidecars(sidecar_factory, upstream):
+    fake, _ = upstream
+    sidecar = sidecar_factory(tenants=TENANTS)
+    forged = {"session_id": "b/victim", "turn": 9, "last_turn": True}
+    body = {"model": "echo", "input": "x",
+            "kv_transfer_params": {"tenure": forged, "do_remote_prefill": False}}  # fmt: skip
+    reply = httpx.post(
+        f"{sidecar.url}/v1/responses", json=body,
+        headers={"Authorization": f"Bearer {KEY_A}"}, timeout=10,
+    )  # fmt: skip
+    assert reply.status_code == 200
+    sent = fake.received[-1].body["kv_transfer_params"]
+    assert sent["do_remote_prefill"] is False
+    assert sent["tenure"]["session_id"].startswith("a/r-")
+    assert sent["tenure"]["last_turn"] is False
