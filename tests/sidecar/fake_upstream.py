@@ -90,6 +90,7 @@ class FakeUpstream:
             await asyncio.sleep(self.slow_s)
         finish = "tool_calls" if model == "tool" else "stop"
         stream = isinstance(body, dict) and body.get("stream")
+        usage = {"prompt_tokens": _words(body), "completion_tokens": 3}
         if model == "hang" and not stream:
             while True:  # never answers; notices when the proxy drops the request
                 message = await receive()
@@ -111,6 +112,7 @@ class FakeUpstream:
                     "object": "chat.completion",
                     "model": model,
                     "choices": [{"index": 0, "message": message_body, "finish_reason": finish}],
+                    "usage": usage,
                 },
             )
             return
@@ -139,6 +141,9 @@ class FakeUpstream:
             await send({"type": "http.response.body", "body": _sse(chunk), "more_body": True})
         last = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
         await send({"type": "http.response.body", "body": _sse(last), "more_body": True})
+        if isinstance(body, dict) and (body.get("stream_options") or {}).get("include_usage"):
+            tail = {"choices": [], "usage": usage}
+            await send({"type": "http.response.body", "body": _sse(tail), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
@@ -243,6 +248,14 @@ async def _responses(send: Send, model: str, stream: bool, response_id: str) -> 
             (done, {"type": done, "sequence_number": 3, "response": response}),
         ],
     )  # fmt: skip
+
+
+def _words(body: Any) -> int:
+    """Prompt "tokens" of a chat body: whitespace-separated words of its messages."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return 0
+    return sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
 
 
 def _sse(obj: Any) -> bytes:
