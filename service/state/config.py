@@ -30,8 +30,10 @@ class PriceConfig(BaseModel):
         default=DEFAULT_PRICE.alpha1, gt=0, le=1e6, allow_inf_nan=False
     )
     beta2_gpu_s: float = Field(default=DEFAULT_PRICE.beta2, ge=0, le=1e6, allow_inf_nan=False)
+    # beta3 > 0: a free recompute makes every timer zero (the retention model refuses it, so
+    # a stored zero would stop the controller's every refresh).
     beta3_gpu_s: float = Field(
-        default=DEFAULT_PRICE.beta3, ge=0, le=1e6, allow_inf_nan=False, validate_default=True
+        default=DEFAULT_PRICE.beta3, gt=0, le=1e6, allow_inf_nan=False, validate_default=True
     )
 
     @field_validator("beta3_gpu_s")
@@ -64,7 +66,7 @@ class PricePatch(BaseModel):
 
     alpha1_gpu_s_per_s: float = Field(default_factory=_absent, gt=0, le=1e6, allow_inf_nan=False)
     beta2_gpu_s: float = Field(default_factory=_absent, ge=0, le=1e6, allow_inf_nan=False)
-    beta3_gpu_s: float = Field(default_factory=_absent, ge=0, le=1e6, allow_inf_nan=False)
+    beta3_gpu_s: float = Field(default_factory=_absent, gt=0, le=1e6, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
