@@ -35,6 +35,8 @@ from service.api.openapi import add_proxy_routes
 from service.api.proxy import Proxy
 from service.api.raw_upstream import RawUpstream
 from service.api.runtime import Runtime
+from service.api.segment_tracker import SegmentTracker
+from service.api.spawns import load_ranker
 from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
@@ -193,6 +195,9 @@ def create_app(
     )
     for warning in settings.startup_warnings():
         log.warning("%s", warning)
+    # Loaded now, not in the lifespan: an artefact that does not load stops start-up with
+    # one line naming it (SettingsError).
+    ranker = load_ranker(settings.worker_ranker) if settings.segments else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -244,10 +249,15 @@ def create_app(
                 security=_push_security(settings),
             )  # fmt: skip
             await push.start()
-        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock)
+        segments = (
+            SegmentTracker(settings, store, upstream, metrics, ranker)
+            if ranker is not None
+            else None
+        )
+        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock, segments)
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push,
+            clock=clock, push=push, segments=segments,
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.

@@ -114,6 +114,18 @@ class Metrics:
             "tenure_hint_rejections", "Requests refused for malformed hints", ["field"],
             registry=r,
         )  # fmt: skip
+        self.segment_splits = Counter(
+            "tenure_segment_splits",
+            "Tracked turns split into segments, by how the previous response came back "
+            "(first, carried, stripped, plain, rewritten, unknown)",
+            ["verdict"], registry=r,
+        )  # fmt: skip
+        self.segment_prompt_counts = Counter(
+            "tenure_segment_prompt_counts",
+            "Prompt lengths taken for a reasoning segment declared before generation, by how "
+            "(exact: the engine's /tokenize; lower_bound: from the previous turn; none)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.gap_observed = Histogram(
             "tenure_gap_observed_seconds", "Observed idle gaps between turns, by stop class",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,

@@ -40,6 +40,8 @@ from service.api.hints import HintError, Hints, parse_hints
 from service.api.inference import prefix_digests
 from service.api.paths import PathRefused, check_passthrough_path
 from service.api.runtime import Runtime
+from service.api.segment_tracker import PendingTurn, SegmentRefused, SegmentTracker
+from service.api.segments import ResponseFacts, StreamFacts, response_facts
 from service.api.tenants import TenantResolver
 from service.api.turns import TurnForecasts
 from service.api.upstream import (
@@ -110,8 +112,14 @@ class _Turn:
     counting: asyncio.Task[TurnStart | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
+    #: Segment tracking (``TENURE_SEGMENTS``): the turn's bookkeeping and its response's facts.
+    segments: PendingTurn | None = None
+    facts: ResponseFacts | None = None
+    stream: StreamFacts | None = None
 
     def scan(self, chunk: bytes) -> None:
+        if self.stream is not None:
+            self.stream.feed(chunk)
         if b"finish_reason" in chunk:
             for match in _FINISH.finditer(chunk):
                 self.stop_reason = match.group(1).decode()
@@ -138,8 +146,10 @@ class Proxy:
         upstream: UpstreamClient,
         tenants: TenantResolver,
         clock: Callable[[], float],
+        segments: SegmentTracker | None = None,
     ) -> None:
         self.settings = settings
+        self.segments = segments
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
@@ -238,9 +248,19 @@ class Proxy:
                 # Checked before any state is written: a refused request leaves no trace.
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
             dropped = _drop_client_tenure(payload)  # the key is the sidecar's alone
+            pending = await self._admit_segments(route, tenant, hints, payload)
             turn = await self._start_turn(route, tenant, hints, payload)
+            seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
             if turn is not None or had_tenure or dropped:
-                body = self._rewrite(payload, turn, hints)
+                body = self._rewrite(payload, turn, hints, seg_tags)
+        except SegmentRefused as exc:
+            self._finish_turn(turn, FAILED)
+            self.metrics.hint_rejections.labels(exc.param or "segments").inc()
+            return self._done(
+                route,
+                openai_error(exc.status, exc.message, param=exc.param, code=exc.code),
+                started,
+            )
         except HintError as exc:
             self.metrics.hint_rejections.labels(exc.label).inc()
             return self._done(
@@ -349,7 +369,42 @@ class Proxy:
             )  # fmt: skip
         return start
 
-    def _rewrite(self, payload: dict[str, Any], turn: _Turn | None, hints: Hints) -> bytes:
+    async def _admit_segments(
+        self, route: str, tenant: TenantSpec, hints: Hints, payload: dict[str, Any]
+    ) -> PendingTurn | None:
+        """Segment tracking's checks, before the turn is counted (a refusal stores nothing)."""
+        if self.segments is None or hints.session is None:
+            return None
+        return await self.segments.admit(
+            tenant.name, hints.session, hints.parent, payload, route == "chat"
+        )
+
+    async def _segment_tags(
+        self,
+        request: Request,
+        turn: _Turn | None,
+        pending: PendingTurn | None,
+        payload: dict[str, Any],
+        hints: Hints,
+    ) -> dict[str, Any] | None:
+        if pending is None or turn is None or turn.turn == 0 or self.segments is None:
+            return None  # untracked, or forwarded fail-open without a turn number
+        headers = forward_headers(
+            request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
+        )
+        tags = await self.segments.tags(pending, turn.turn, payload, headers, hints.reasoning)
+        turn.segments = pending
+        if payload.get("stream"):
+            turn.stream = StreamFacts()
+        return tags
+
+    def _rewrite(
+        self,
+        payload: dict[str, Any],
+        turn: _Turn | None,
+        hints: Hints,
+        seg_tags: dict[str, Any] | None = None,
+    ) -> bytes:
         if turn is not None:
             kv = payload.get("kv_transfer_params")
             if kv is None:
@@ -369,6 +424,8 @@ class Proxy:
                 tenure["expected_gap_s"] = hints.expected_gap_s
             if turn.turn == 0:
                 tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
+            if seg_tags is not None:
+                tenure.update(seg_tags)
             kv["tenure"] = tenure
             payload["kv_transfer_params"] = kv
         return _encode_json(payload)
@@ -422,6 +479,8 @@ class Proxy:
                 # After the answer left: none of this is the client's wait.
                 if turn is not None and status < 400:
                     _scan_completion(turn, content, encoding)
+                    if turn.segments is not None and not encoding:
+                        turn.facts = response_facts(content)
                 self._finish_turn(turn, OK if status < 400 else FAILED)
                 self._count(route, status, overhead, resumed)
 
@@ -453,6 +512,11 @@ class Proxy:
     def _finish_turn(self, turn: _Turn | None, outcome: str) -> None:
         if turn is None or turn.turn == 0:
             return  # untracked, or forwarded fail-open: there is no record to update
+        if turn.segments is not None and outcome == OK and self.segments is not None:
+            facts = turn.facts if turn.stream is None else turn.stream.facts()
+            seg_task = self.segments.record(turn.segments, facts, last_turn=turn.hints.last_turn)
+            self._pending.add(seg_task)
+            seg_task.add_done_callback(self._pending.discard)
         task = self._loop.create_task(self._record_turn_end(turn, outcome))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
