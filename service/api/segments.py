@@ -110,12 +110,13 @@ class ResponseFacts:
     content_chars: int = 0
 
     def reasoning_length(self) -> int:
-        """Tokens of the response's reasoning, markers included (biased up, at most all)."""
+        """Tokens the response's reasoning takes when sent back, think markers included
+        (biased up: a block with any reasoning is reasoning anyway)."""
         total = self.completion_tokens or 0
         if self.reasoning_digest is None or total <= 0:
             return 0
         if self.content_chars == 0:
-            return total
+            return total + MARKER_TOKENS  # all of it, and the markers a harness wraps it in
         if self.reasoning_tokens:
             guess = self.reasoning_tokens + MARKER_TOKENS
         else:
@@ -398,6 +399,9 @@ def split_turn(
                 verdict = _previous_response(
                     spans, state, msgs[state.messages], known, carried, carried_cls
                 )
+    if prompt_tokens is not None:
+        # A boundary estimated past the end of this prompt marks nothing in it.
+        spans = [s for s in spans if s.start < prompt_tokens] or spans[:1]
     spans = _compact(spans, carried_cls)
     floor = spans[-1].start
     gen: Span | None = None
@@ -460,9 +464,8 @@ def _previous_response(
     rid = state.gen_id or f"t{state.turn}.r"
     digest = facts.reasoning_digest or ""
     spans.append(Span(rid, SegmentClass.REASONING, start, state.messages, digest))
-    length = facts.reasoning_length()
-    if facts.content_chars and length < (facts.completion_tokens or 0):
-        spans.append(Span(out.id, carried_cls, start + length))
+    # What follows the reasoning (its answer, then the new messages) is carried.
+    spans.append(Span(out.id, carried_cls, start + facts.reasoning_length()))
     return CARRIED
 
 
