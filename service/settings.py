@@ -110,9 +110,12 @@ class Settings(BaseSettings):
     #: prediction and its segments in ``kv_transfer_params.tenure`` (``service.api.segments``).
     #: Costs one Redis read per turn (and a ``/tokenize`` call for turns with reasoning).
     segments: bool = False
-    #: Count a reasoning turn's prompt with the engine's ``/tokenize`` (exact) before
-    #: forwarding it; false = a lower bound from the previous turn (no extra round trip).
-    segment_tokenize: bool = True
+    #: Declare a reasoning turn's generation a reasoning segment before it is generated, its
+    #: start counted with the engine's ``/tokenize`` (exact; one extra upstream round trip).
+    #: Only useful when the engine offloads generated blocks (``offload_prompt_only: false``;
+    #: vLLM 0.32 offloads prompt blocks only by default, so carried reasoning, which comes back
+    #: inside a prompt, is what reaches its tiers and is split either way).
+    segment_tokenize: bool = False
     #: A ``tenure train-ranker`` artefact for the worker ranker; empty = the type heuristic.
     worker_ranker: str = ""
     #: After a Redis failure, skip Redis for this long before trying again (fail fast).

@@ -154,8 +154,10 @@ class SegmentTracker:
         expected = reasoning_hint
         if expected is None:
             expected = state.reasons or (pending.tenant, pending.model) in self._reasoning_models
+        # The generation is declared only where the engine offloads generated blocks.
+        expected = expected and self.settings.segment_tokenize
         prompt_tokens: int | None = None
-        if expected and pending.messages is not None and self.settings.segment_tokenize:
+        if expected and pending.messages is not None:
             prompt_tokens = await count_prompt(self.upstream, payload, headers)
         split = split_turn(
             state,

@@ -75,8 +75,11 @@ def live(
         "ssd_dwpd": 1,
         "ssd_warranty_years": 5,
     }
+    # Generated blocks are offloaded too (vLLM's default offloads prompt blocks only), so the
+    # reasoning a response generates meets the tier as well as the reasoning sent back.
+    extra = {"secondary_tiers": [tier], "offload_prompt_only": False}
     transfer = kv_transfer_config(
-        policy="lru", host_blocks=6, spec="TenureCPUTieringSpec", extra={"secondary_tiers": [tier]}
+        policy="lru", host_blocks=6, spec="TenureCPUTieringSpec", extra=extra
     )
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
@@ -97,6 +100,7 @@ def live(
             redis_url=SecretStr(redis_server.url),
             upstream_url=engine_url,
             segments=True,
+            segment_tokenize=True,
             dev_mode=True,
             push_addr="",
             upstream_read_timeout_s=120.0,

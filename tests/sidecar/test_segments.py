@@ -65,7 +65,7 @@ def assistant(answer: dict[str, Any], keep_reasoning: bool) -> dict[str, Any]:
 
 @pytest.fixture
 def seg_client(sidecar_factory):
-    server = sidecar_factory(segments=True)
+    server = sidecar_factory(segments=True, segment_tokenize=True)
     with httpx.Client(base_url=server.url, timeout=10) as http:
         yield http
 
@@ -120,6 +120,26 @@ def test_reasoning_split_from_proxied_pairs_stripped_and_carried(upstream, seg_c
     assert tags["last_turn"] is True
     # The session ended: its segment state is gone (nothing leaks in Redis).
     wait_for(lambda: state_of(redis_url, "default", "L") is None)
+
+
+def test_without_tokenize_the_generation_is_not_declared(upstream, sidecar_factory, redis_url):
+    """The default (vLLM offloads prompt blocks only): carried reasoning is still split."""
+    fake, _ = upstream
+    server = sidecar_factory(segments=True)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        history: list[Any] = [user(1)]
+        first = chat(http, "D", history, **{"X-Tenure-Reasoning": "true"})
+        assert segs(tenure_of(forwarded(fake)[-1])) == [("ctx", "lead", 0)]
+        p1 = prompt_tokens(history)
+        wait_for(lambda: (state_of(redis_url, "default", "D") or {}).get("turn") == 1)
+        history += [assistant(first.json(), keep_reasoning=True), user(2)]
+        chat(http, "D", history)
+        assert segs(tenure_of(forwarded(fake)[-1])) == [
+            ("ctx", "lead", 0),
+            ("t1.r", "reasoning", p1),
+            ("t1.out", "output", p1 + 42),
+        ]
+    assert "/tokenize" not in [r.path for r in fake.received]
 
 
 def test_plain_model_declares_only_its_context_and_no_tokenize(upstream, seg_client):
