@@ -314,15 +314,17 @@ class SegmentTracker:
         }
         return await notify_return(self.upstream, state.model, tenure, headers)
 
-    async def end(self, tenant: str, session: str) -> None:
-        """The session ended through the API: its state goes (a worker keeps a tombstone)."""
+    async def end(
+        self, tenant: str, session: str, turn: int, headers: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        """The session ended through the API: a lead's state goes; ending a live worker is its
+        return (the engine is told, a tombstone stays)."""
         try:
             state = await self._load(tenant, session)
-            if state is not None and state.role is not SessionRole.LEAD:
-                done = replace(state, returned=True)
-                await self.store.put(tenant, session, done.to_json(), self.settings.finished_ttl_s)
-            else:
+            if state is None or state.role is SessionRole.LEAD:
                 await self.store.delete(tenant, session)
+            elif not state.returned:
+                await self.returned(tenant, session, state, turn, headers)
         except StateUnavailable:
             return
 

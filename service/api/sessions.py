@@ -244,14 +244,16 @@ async def end_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> Sessio
     """Declare the session finished: its KV is reclaimed at once; the record expires later."""
     result = await _transition(svc, tenant, session_id, lambda _r, now: lifecycle.on_end(now))
     if svc.segments is not None:
-        await svc.segments.end(tenant.name, session_id)
+        # Ending a spawned worker is its return: its segments close in the engine too.
+        await svc.segments.end(tenant.name, session_id, result.turn, _engine_headers(svc))
     return result
 
 
 @router.post("/{session_id}/return", response_model=SessionView)
 async def worker_return(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
     """A spawned worker (or reviewer) returned to its parent: it is finished, and with segment
-    tracking on its KV segments close in the engine (its SSD files are deleted).
+    tracking on its KV segments close in the engine (its SSD files are deleted). ``/end`` on a
+    live worker does the same; a worker's request marked as its last turn is its return too.
 
     409 for a lead session (it ends, it does not return), a worker that has returned already
     (on this route, or on a request marked as its last turn), or one whose own workers are live.
@@ -281,20 +283,17 @@ async def worker_return(session_id: SessionId, svc: Svc, tenant: Tenant) -> Sess
 
     result = await _transition(svc, tenant, session_id, decide)
     if svc.segments is not None and state is not None:
-        headers = forward_headers(
-            [(b"content-type", b"application/json")],
-            _upstream_auth(svc),
-            drop_client_auth=True,
-        )
         await svc.segments.returned(
-            tenant.name, session_id, state, int(record.get("turn") or 0), headers
+            tenant.name, session_id, state, int(record.get("turn") or 0), _engine_headers(svc)
         )
     return result
 
 
-def _upstream_auth(svc: Services) -> str | None:
+def _engine_headers(svc: Services) -> list[tuple[bytes, bytes]]:
+    """Headers of the sidecar's own calls to the engine (its key, never a caller's)."""
     key = svc.settings.upstream_api_key
-    return f"Bearer {key.get_secret_value()}" if key is not None else None
+    auth = f"Bearer {key.get_secret_value()}" if key is not None else None
+    return forward_headers([], auth, drop_client_auth=True)
 
 
 @router.post("/{session_id}/suspend", response_model=SessionView)
