@@ -292,3 +292,33 @@ def test_fake_reasoning_answer_counts_what_it_says() -> None:
         == len(message["reasoning"].split()) + len(message["content"].split()) + 2
     )
     assert usage["prompt_tokens"] == 1 + 3 + 30 + 2
+
+
+def test_a_trained_ranker_from_the_setting_predicts_at_spawn(sidecar_factory, tmp_path: Path):
+    from service.policy.ranker import RidgeRanker, SpawnRecord
+    from service.policy.ranker_fit import fit_ridge
+    from tests.policy.test_ranker import synthetic
+
+    path = tmp_path / "ranker.json"
+    fit_ridge(synthetic(), 1.0).save(path)
+    ranker = RidgeRanker.load(path)
+    server = sidecar_factory(segments=True, worker_ranker=str(path))
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        assert chat(http, "R", [user(1)], model="echo").status_code == 200
+        got = []
+        for kind in ("Explore", "Plan"):
+            spawn = {"worker_id": f"R-{kind}", "subagent_type": kind, "expected_tokens": 10000,
+                     "model": "claude-haiku-4-5"}  # fmt: skip
+            answer = http.post("/v1/sessions/R/workers", json=spawn)
+            assert answer.status_code == 201
+            got.append(answer.json()["predicted_lifetime_s"])
+    want = [
+        ranker.predict_lifetime_s(
+            SpawnRecord(kind, "claude-haiku-4-5", 10000, parent_turn=1, session_elapsed_s=0.0)
+        )
+        for kind in ("Explore", "Plan")
+    ]
+    # The artefact's own predictions (session_elapsed_s is the only clock-dependent input:
+    # within a test it is well under a second, a tiny feature change after log1p).
+    assert got == pytest.approx(want, rel=0.05)
+    assert got[1] > got[0]  # the trained order: Plan outlives Explore
