@@ -24,6 +24,7 @@ tenant.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -56,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: (tenant, model) pairs remembered as reasoning models (a new session of one expects it).
 _MODELS_REMEMBERED = 1024
+_MODEL_NAME_MAX = 256
+#: How deep an ended lead's tree of workers is walked to retire them.
+_TREE_DEPTH = 4
 
 
 class SegmentRefused(Exception):
@@ -193,7 +197,8 @@ class SegmentTracker:
         state, split = pending.state, pending.split
         if split is None:
             return
-        if facts is not None and facts.reasoning_digest is not None and pending.model:
+        model_ok = 0 < len(pending.model) <= _MODEL_NAME_MAX
+        if facts is not None and facts.reasoning_digest is not None and model_ok:
             key = (pending.tenant, pending.model)
             self._reasoning_models[key] = None
             self._reasoning_models.move_to_end(key)
@@ -202,6 +207,7 @@ class SegmentTracker:
         try:
             if last_turn and state.role is SessionRole.LEAD:
                 await self.store.delete(pending.tenant, pending.session)
+                await self._retire_children(pending.tenant, pending.session, _TREE_DEPTH)
                 return
             gen_start = facts.prompt_tokens if facts is not None else None
             if gen_start is None and split.gen is not None:
@@ -323,6 +329,7 @@ class SegmentTracker:
             state = await self._load(tenant, session)
             if state is None or state.role is SessionRole.LEAD:
                 await self.store.delete(tenant, session)
+                await self._retire_children(tenant, session, _TREE_DEPTH)
             elif not state.returned:
                 await self.returned(tenant, session, state, turn, headers)
         except StateUnavailable:
@@ -389,20 +396,35 @@ class SegmentTracker:
             predicted_lifetime_s=predict(self.ranker, facts),
         )
 
-    async def _live_children(self, tenant: str, record: dict[str, str]) -> list[str]:
-        import json
+    async def _retire_children(self, tenant: str, session: str, depth: int) -> None:
+        """A lead ended: the engine ends its live workers with it; their states become
+        tombstones that expire with finished sessions (nothing stays for the session TTL)."""
+        if depth <= 0:
+            return
+        record = await self.sessions.get_session(tenant, session)
+        for child in _children(record or {}):
+            state = await self._load(tenant, child)
+            if state is not None and not state.returned:
+                done = replace(state, returned=True)
+                await self.store.put(tenant, child, done.to_json(), self.settings.finished_ttl_s)
+                await self._retire_children(tenant, child, depth - 1)
 
-        try:
-            children = json.loads(record.get("workers") or "[]")
-        except ValueError:
-            return []
+    async def _live_children(self, tenant: str, record: dict[str, str]) -> list[str]:
         live = []
-        for child in children[:1024] if isinstance(children, list) else []:
-            if not isinstance(child, str):
-                continue
+        for child in _children(record):
             child_record = await self.sessions.get_session(tenant, child)
             if child_record is not None and child_record.get("state") != "finished":
                 child_state = await self._load(tenant, child)
                 if child_state is None or not child_state.returned:
                     live.append(child)
         return live
+
+
+def _children(record: dict[str, str]) -> list[str]:
+    try:
+        children = json.loads(record.get("workers") or "[]")
+    except ValueError:
+        return []
+    if not isinstance(children, list):
+        return []
+    return [c for c in children[:1024] if isinstance(c, str)]

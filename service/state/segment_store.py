@@ -53,12 +53,3 @@ class SegmentStore:
     async def delete(self, tenant: str, session: str) -> None:
         key = self._keys.segments(tenant, session)
         await self._store.breaker.call("segments_delete", lambda: self._client.delete(key))
-
-    async def count(self, tenant: str) -> int:
-        """Sessions of ``tenant`` holding segment state (a scan: tests and operators)."""
-        pattern = self._keys.segments(tenant, "*")
-
-        async def scan() -> int:
-            return sum([1 async for _ in self._client.scan_iter(match=pattern, count=500)])
-
-        return await self._store.breaker.call("segments_count", scan)

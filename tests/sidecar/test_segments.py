@@ -218,7 +218,11 @@ def test_worker_spawn_ranker_return_and_bad_boundaries(upstream, seg_client, red
     wait_for(lambda: (state_of(redis_url, "default", "rv") or {}).get("returned") is True)
     assert http.post("/v1/sessions/rv/return").status_code == 409
 
-    # Ending the lead leaves no live segment state: workers keep short-lived tombstones only.
+    # Ending the lead leaves no live segment state: workers keep short-lived tombstones only,
+    # a worker still live when its lead ends included.
+    assert http.post("/v1/sessions/lead/workers", json={"worker_id": "w4"}).status_code == 201
+    assert chat(http, "w4", [user(9)], model="echo").status_code == 200
+    wait_for(lambda: (state_of(redis_url, "default", "w4") or {}).get("turn") == 1)
     assert http.post("/v1/sessions/lead/end").status_code == 200
     client = redis.Redis.from_url(redis_url)
     keys = [k.decode() for k in client.scan_iter(match=f"{PREFIX}:seg:default:*")]
@@ -226,7 +230,7 @@ def test_worker_spawn_ranker_return_and_bad_boundaries(upstream, seg_client, red
         state = json.loads(client.get(key) or b"{}")
         assert state["returned"] is True, key
         assert 0 < client.ttl(key) <= 3600
-    assert f"{PREFIX}:seg:default:lead" not in keys
+    assert f"{PREFIX}:seg:default:lead" not in keys and f"{PREFIX}:seg:default:w4" in keys
 
 
 def test_tenants_cannot_spawn_under_each_other(upstream, sidecar_factory):
