@@ -326,3 +326,27 @@ def test_a_trained_ranker_from_the_setting_predicts_at_spawn(sidecar_factory, tm
     # within a test it is well under a second, a tiny feature change after log1p).
     assert got == pytest.approx(want, rel=0.05)
     assert got[1] > got[0]  # the trained order: Plan outlives Explore
+
+
+def test_redis_down_forwards_without_segments_and_recovers(
+    upstream, sidecar_factory, redis_process_factory
+):
+    fake, _ = upstream
+    server_redis = redis_process_factory()
+    server = sidecar_factory(
+        redis_url=server_redis.url, segments=True, redis_retry_after_s=0.2, early_forward=False
+    )
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        assert chat(http, "F", [user(1)], model="echo").status_code == 200
+        assert segs(tenure_of(forwarded(fake)[-1])) == [("ctx", "lead", 0)]
+        server_redis.stop()
+        down = chat(http, "F", [user(1)], model="echo")
+        assert down.status_code == 200  # fail open: forwarded, no segments
+        assert "segments" not in forwarded(fake)[-1].get("kv_transfer_params", {}).get("tenure", {})
+        server_redis.start()
+
+        def healthy() -> bool:
+            chat(http, "F", [user(1)], model="echo")
+            return "segments" in tenure_of(forwarded(fake)[-1])
+
+        wait_for(healthy, timeout_s=10.0, interval_s=0.3)
