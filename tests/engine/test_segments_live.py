@@ -40,7 +40,12 @@ from service.settings import Settings
 from service.stack import ManagedProcess, free_port, http_ok
 from tests.sidecar.fake_upstream import ServerThread
 
-pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]
+# The vLLM server's start is part of the first test's time (~60 s alone, 3 min on a busy VM).
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.timeout(900),
+]
 
 BLOCK = 128
 BLOCK_BYTES = bytes_per_block()
