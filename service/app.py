@@ -28,12 +28,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api import admin, sessions
+from service.api import admin, record_admin, sessions
 from service.api.deps import ApiError, Services
 from service.api.errors import api_error, openai_error, unavailable
 from service.api.openapi import add_proxy_routes
 from service.api.proxy import Proxy
 from service.api.raw_upstream import RawUpstream
+from service.api.recorder import Recorder
 from service.api.runtime import Runtime
 from service.api.segment_tracker import SegmentTracker
 from service.api.spawns import load_ranker
@@ -249,15 +250,22 @@ def create_app(
                 security=_push_security(settings),
             )  # fmt: skip
             await push.start()
+        recorder = Recorder(
+            client, settings.redis_prefix, enabled=settings.record_enabled,
+            max_bytes=settings.record_max_bytes, chunk_bytes=settings.record_chunk_bytes,
+            clock=clock,
+        )  # fmt: skip
         segments = (
             SegmentTracker(settings, store, upstream, metrics, ranker)
             if ranker is not None
             else None
         )
-        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock, segments)
+        proxy = Proxy(
+            settings, store, runtime, metrics, upstream, tenants, clock, recorder, segments
+        )
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push, segments=segments,
+            clock=clock, push=push, recorder=recorder, segments=segments,
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.
@@ -340,6 +348,7 @@ def create_app(
 
     app.include_router(sessions.router)
     app.include_router(admin.router)
+    app.include_router(record_admin.router)
 
     def proxy_of(request: Request) -> Proxy:
         proxy: Proxy = request.app.state.proxy

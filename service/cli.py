@@ -31,6 +31,14 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
+    "calibrate-profile": (
+        "service.calibrate.profile_cli",
+        "measure the simulator's CPU hardware profile on the live A/B's engine",
+    ),
+    "record": (
+        "service.record.cli",
+        "switch the sidecar's traffic recording; export it as a canonical trace",
+    ),
     "train-ranker": (
         "service.replay.ranker_cli",
         "train the worker-lifetime ranker on a trace's sub-agent spawns",

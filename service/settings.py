@@ -179,6 +179,15 @@ class Settings(BaseSettings):
     #: How often each replica reloads runtime config and the learned gap model from Redis.
     refresh_interval_s: float = Field(default=2.0, gt=0, le=3600)
 
+    # --- recording (service.api.recorder; off by default) ----------------------------------
+    #: Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from
+    #: start-up; ``PUT /admin/record`` switches it at run time.
+    record_enabled: bool = False
+    #: The recording's size bound in Redis (bytes); turns beyond it are dropped and counted.
+    record_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=16 * 1024**3)
+    #: Request bytes per prefix hash (the granularity of the recorded prefix structure).
+    record_chunk_bytes: int = Field(default=256, ge=16, le=1024 * 1024)
+
     @field_validator("upstream_url")
     @classmethod
     def _http_url(cls, value: str) -> str:

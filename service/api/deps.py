@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.errors import ErrorResponse
+from service.api.recorder import Recorder
 from service.api.runtime import Runtime
 from service.api.segment_tracker import SegmentTracker
 from service.api.tenants import TenantResolver, bearer_token
@@ -87,6 +88,7 @@ class Services:
     tenants: TenantResolver
     clock: Callable[[], float]
     push: PushServer | None = None
+    recorder: Recorder | None = None
     #: Segment tracking (``TENURE_SEGMENTS``); None when off.
     segments: SegmentTracker | None = None
 

@@ -142,13 +142,18 @@ def test_without_tokenize_the_generation_is_not_declared(upstream, sidecar_facto
     assert "/tokenize" not in [r.path for r in fake.received]
 
 
-def test_plain_model_declares_only_its_context_and_no_tokenize(upstream, seg_client):
+def test_plain_model_splits_its_carried_output_and_never_tokenizes(upstream, seg_client, redis_url):
     fake, _ = upstream
-    assert chat(seg_client, "P", [user(1)], model="echo").status_code == 200
-    assert chat(seg_client, "P", [user(1), {"role": "assistant", "content": "hi"}, user(2)],
-                model="echo").status_code == 200  # fmt: skip
-    for body in forwarded(fake):
-        assert segs(tenure_of(body)) == [("ctx", "lead", 0)]
+    first = chat(seg_client, "P", [user(1)], model="echo")
+    assert first.status_code == 200
+    p1 = first.json()["usage"]["prompt_tokens"]
+    wait_for(lambda: (state_of(redis_url, "default", "P") or {}).get("turn") == 1)
+    second = [user(1), {"role": "assistant", "content": "hi"}, user(2)]
+    assert chat(seg_client, "P", second, model="echo").status_code == 200
+    bodies = forwarded(fake)
+    assert segs(tenure_of(bodies[0])) == [("ctx", "lead", 0)]
+    # No reasoning: the answer (and what follows it) is carried output from the prompt's end.
+    assert segs(tenure_of(bodies[1])) == [("ctx", "lead", 0), ("t1.out", "output", p1)]
     assert "/tokenize" not in [r.path for r in fake.received]
 
 
