@@ -273,6 +273,11 @@ class AsyncTenureSession(SessionBase[Any, httpx.AsyncClient]):
         """Finish the session now; the sidecar reclaims its KV."""
         return await self._drive(self._core.plan_end())
 
+    async def return_to_parent(self) -> dict[str, Any]:
+        """A spawned worker returns (``POST /v1/sessions/{id}/return``): finished, and with
+        segment tracking on its KV segments close in the engine (SSD files deleted)."""
+        return await self._drive(self._core.plan_return())
+
     async def info(self) -> dict[str, Any]:
         """The sidecar's record of this session (``GET /v1/sessions/{id}``)."""
         return await self._drive(self._core.plan_info())
@@ -283,12 +288,24 @@ class AsyncTenureSession(SessionBase[Any, httpx.AsyncClient]):
         *,
         role: str = "worker",
         metadata: Mapping[str, Any] | None = None,
+        subagent_type: str | None = None,
+        expected_tokens: int | None = None,
+        model: str | None = None,
+        background: bool | None = None,
     ) -> AsyncTenureSession:
         """Register a sub-agent and return its session (``parent`` set to this one).
 
-        The child shares this session's clients; use it as a context manager to end it.
+        The child shares this session's clients; use it as a context manager to end it (for a
+        worker, ending is its return). ``subagent_type``, ``expected_tokens``, ``model`` and
+        ``background`` feed the sidecar's worker ranker when segment tracking is on.
         """
-        request = self._core.plan_spawn(worker_id, role, metadata)
+        ranker = {
+            "subagent_type": subagent_type,
+            "expected_tokens": expected_tokens,
+            "model": model,
+            "background": background,
+        }
+        request = self._core.plan_spawn(worker_id, role, metadata, ranker)
         answer = await self._drive(request)
         return AsyncTenureSession(
             self._client,

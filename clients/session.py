@@ -274,6 +274,11 @@ class TenureSession(SessionBase[Any, httpx.Client]):
         """Finish the session now; the sidecar reclaims its KV."""
         return self._drive(self._core.plan_end())
 
+    def return_to_parent(self) -> dict[str, Any]:
+        """A spawned worker returns (``POST /v1/sessions/{id}/return``): finished, and with
+        segment tracking on its KV segments close in the engine (SSD files deleted)."""
+        return self._drive(self._core.plan_return())
+
     def info(self) -> dict[str, Any]:
         """The sidecar's record of this session (``GET /v1/sessions/{id}``)."""
         return self._drive(self._core.plan_info())
@@ -284,12 +289,24 @@ class TenureSession(SessionBase[Any, httpx.Client]):
         *,
         role: str = "worker",
         metadata: Mapping[str, Any] | None = None,
+        subagent_type: str | None = None,
+        expected_tokens: int | None = None,
+        model: str | None = None,
+        background: bool | None = None,
     ) -> TenureSession:
         """Register a sub-agent and return its session (``parent`` set to this one).
 
-        The child shares this session's clients; use it as a context manager to end it.
+        The child shares this session's clients; use it as a context manager to end it (for a
+        worker, ending is its return). ``subagent_type``, ``expected_tokens``, ``model`` and
+        ``background`` feed the sidecar's worker ranker when segment tracking is on.
         """
-        request = self._core.plan_spawn(worker_id, role, metadata)
+        ranker = {
+            "subagent_type": subagent_type,
+            "expected_tokens": expected_tokens,
+            "model": model,
+            "background": background,
+        }
+        request = self._core.plan_spawn(worker_id, role, metadata, ranker)
         answer = self._drive(request)
         return TenureSession(
             self._client,

@@ -37,6 +37,8 @@ from service.api.raw_upstream import RawUpstream
 from service.api.recorder import Recorder
 from service.api.retention import build_retention
 from service.api.runtime import Runtime
+from service.api.segment_tracker import SegmentTracker
+from service.api.spawns import load_ranker
 from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
@@ -195,6 +197,9 @@ def create_app(
     )
     for warning in settings.startup_warnings():
         log.warning("%s", warning)
+    # Loaded now, not in the lifespan: an artefact that does not load stops start-up with
+    # one line naming it (SettingsError).
+    ranker = load_ranker(settings.worker_ranker) if settings.segments else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -254,10 +259,17 @@ def create_app(
             max_bytes=settings.record_max_bytes, chunk_bytes=settings.record_chunk_bytes,
             clock=clock,
         )  # fmt: skip
-        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock, recorder)
+        segments = (
+            SegmentTracker(settings, store, upstream, metrics, ranker)
+            if ranker is not None
+            else None
+        )
+        proxy = Proxy(
+            settings, store, runtime, metrics, upstream, tenants, clock, recorder, segments
+        )
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push, recorder=recorder,
+            clock=clock, push=push, recorder=recorder, segments=segments,
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.

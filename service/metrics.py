@@ -115,6 +115,18 @@ class Metrics:
             "tenure_hint_rejections", "Requests refused for malformed hints", ["field"],
             registry=r,
         )  # fmt: skip
+        self.segment_splits = Counter(
+            "tenure_segment_splits",
+            "Tracked turns split into segments, by how the previous response came back "
+            "(first, carried, stripped, plain, rewritten, unknown)",
+            ["verdict"], registry=r,
+        )  # fmt: skip
+        self.segment_prompt_counts = Counter(
+            "tenure_segment_prompt_counts",
+            "Prompt lengths taken for a reasoning segment declared before generation, by how "
+            "(exact: the engine's /tokenize; lower_bound: from the previous turn; none)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         # Labels come from service.api.dialects.DIALECT_FIELDS only (a fixed set).
         self.dialect_fields = Counter(
             "tenure_dialect_fields",

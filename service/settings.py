@@ -105,6 +105,19 @@ class Settings(BaseSettings):
     #: (the script runs meanwhile; the forwarded turn number is this replica's forecast of
     #: Redis's count, see ``service.api.turns``); false = wait for Redis, then forward.
     early_forward: bool = True
+    #: Segment tracking for lifetime-aware KV placement (the engine's ``tenure-fs`` tier):
+    #: every tracked request of a named session carries its role, parent, the worker ranker's
+    #: prediction and its segments in ``kv_transfer_params.tenure`` (``service.api.segments``).
+    #: Costs one Redis read per turn (and a ``/tokenize`` call for turns with reasoning).
+    segments: bool = False
+    #: Declare a reasoning turn's generation a reasoning segment before it is generated, its
+    #: start counted with the engine's ``/tokenize`` (exact; one extra upstream round trip).
+    #: Only useful when the engine offloads generated blocks (``offload_prompt_only: false``;
+    #: vLLM 0.32 offloads prompt blocks only by default, so carried reasoning, which comes back
+    #: inside a prompt, is what reaches its tiers and is split either way).
+    segment_tokenize: bool = False
+    #: A ``tenure train-ranker`` artefact for the worker ranker; empty = the type heuristic.
+    worker_ranker: str = ""
     #: After a Redis failure, skip Redis for this long before trying again (fail fast).
     redis_retry_after_s: float = Field(default=1.0, gt=0, le=300)
     #: Finished sessions stay readable this long, then expire.

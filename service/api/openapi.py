@@ -74,6 +74,7 @@ _SCHEMAS: dict[str, Any] = {
             "expected_gap_s": {"type": "number", "minimum": 0, "maximum": MAX_GAP_S},
             "segment": _ID,
             "parent": _ID,
+            "reasoning": {"type": "boolean"},
         },
     },
 }
@@ -91,6 +92,10 @@ _HINT_HEADERS: list[dict[str, Any]] = [
      "description": "the part of the context (lead, reviewer, reasoning, ...)"},
     {"name": "X-Tenure-Parent", "in": "header", "schema": _ID,
      "description": "the session that spawned this one"},
+    {"name": "X-Tenure-Reasoning", "in": "header",
+     "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
+     "description": "this turn's response reasons (segment tracking: its generation is a "
+     "reasoning segment, kept off the SSD tier)"},
 ]  # fmt: skip
 
 

@@ -46,6 +46,9 @@ from service.api.recorder import PendingTurn, Recorder
 from service.api.responses import ResponsesShape, stored_response_id
 from service.api.route_shape import RouteInputError, RouteShape
 from service.api.runtime import Runtime
+from service.api.segment_tracker import PendingTurn as SegmentTurn
+from service.api.segment_tracker import SegmentRefused, SegmentTracker
+from service.api.segments import ResponseFacts, StreamFacts, response_facts
 from service.api.tenants import TenantResolver
 from service.api.turns import TurnForecasts
 from service.api.upstream import (
@@ -125,11 +128,17 @@ class _Turn:
     answer_id: str | None = None
     #: The shape's typed reading of the request (``Prepared.info``).
     info: Any = None
+    #: Segment tracking (``TENURE_SEGMENTS``): the turn's bookkeeping and its response's facts.
+    segments: SegmentTurn | None = None
+    facts: ResponseFacts | None = None
+    stream: StreamFacts | None = None
     #: While recording (service.api.recorder): the request side, and the answer's usage.
     record: PendingTurn | None = None
     usage: dict[str, int] | None = None
 
     def scan(self, chunk: bytes) -> None:
+        if self.stream is not None:
+            self.stream.feed(chunk)
         if b"finish_reason" in chunk:
             for match in _FINISH.finditer(chunk):
                 self.stop_reason = match.group(1).decode()
@@ -159,9 +168,11 @@ class Proxy:
         tenants: TenantResolver,
         clock: Callable[[], float],
         recorder: Recorder | None = None,
+        segments: SegmentTracker | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
+        self.segments = segments
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
@@ -401,11 +412,21 @@ class Proxy:
             ):
                 hints = self._with_dialects(hints, headers, payload, dialects.NOTHING)
             dropped = _drop_client_tenure(payload)  # the key is the sidecar's alone
+            pending = await self._admit_segments(route, tenant, hints, payload)
             turn = await self._start_turn(route, tenant, hints, payload)
             if turn is not None and self.recorder is not None:
                 turn.record = self.recorder.begin(payload, hints)
+            seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
             if turn is not None or had_tenure or dropped:
-                body = self._rewrite(payload, turn, hints)
+                body = self._rewrite(payload, turn, hints, seg_tags)
+        except SegmentRefused as exc:
+            self._finish_turn(turn, FAILED)
+            self.metrics.hint_rejections.labels(exc.param or "segments").inc()
+            return self._done(
+                route,
+                openai_error(exc.status, exc.message, param=exc.param, code=exc.code),
+                started,
+            )
         except HintError as exc:
             self.metrics.hint_rejections.labels(exc.label).inc()
             return self._done(
@@ -523,7 +544,42 @@ class Proxy:
             )  # fmt: skip
         return start
 
-    def _rewrite(self, payload: dict[str, Any], turn: _Turn | None, hints: Hints) -> bytes:
+    async def _admit_segments(
+        self, route: str, tenant: TenantSpec, hints: Hints, payload: dict[str, Any]
+    ) -> SegmentTurn | None:
+        """Segment tracking's checks, before the turn is counted (a refusal stores nothing)."""
+        if self.segments is None or hints.session is None:
+            return None
+        return await self.segments.admit(
+            tenant.name, hints.session, hints.parent, payload, route == "chat"
+        )
+
+    async def _segment_tags(
+        self,
+        request: Request,
+        turn: _Turn | None,
+        pending: SegmentTurn | None,
+        payload: dict[str, Any],
+        hints: Hints,
+    ) -> dict[str, Any] | None:
+        if pending is None or turn is None or turn.turn == 0 or self.segments is None:
+            return None  # untracked, or forwarded fail-open without a turn number
+        headers = forward_headers(
+            request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
+        )
+        tags = await self.segments.tags(pending, turn.turn, payload, headers, hints.reasoning)
+        turn.segments = pending
+        if payload.get("stream"):
+            turn.stream = StreamFacts()
+        return tags
+
+    def _rewrite(
+        self,
+        payload: dict[str, Any],
+        turn: _Turn | None,
+        hints: Hints,
+        seg_tags: dict[str, Any] | None = None,
+    ) -> bytes:
         if turn is not None:
             kv = payload.get("kv_transfer_params")
             if kv is None:
@@ -545,6 +601,8 @@ class Proxy:
                 tenure["retention_s"] = hints.retention_s
             if turn.turn == 0:
                 tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
+            if seg_tags is not None:
+                tenure.update(seg_tags)
             kv["tenure"] = tenure
             payload["kv_transfer_params"] = kv
         return _encode_json(payload)
@@ -605,6 +663,8 @@ class Proxy:
                         turn.shape.scan_body(turn, content)
                     else:
                         _scan_completion(turn, content, encoding)
+                    if turn.segments is not None and turn.shape is None and not encoding:
+                        turn.facts = response_facts(content)
                 self._finish_turn(turn, OK if status < 400 else FAILED)
                 self._count(route, status, overhead, resumed)
 
@@ -641,6 +701,11 @@ class Proxy:
     def _finish_turn(self, turn: _Turn | None, outcome: str) -> None:
         if turn is None or turn.turn == 0:
             return  # untracked, or forwarded fail-open: there is no record to update
+        if turn.segments is not None and outcome == OK and self.segments is not None:
+            facts = turn.facts if turn.stream is None else turn.stream.facts()
+            seg_task = self.segments.record(turn.segments, facts, last_turn=turn.hints.last_turn)
+            self._pending.add(seg_task)
+            seg_task.add_done_callback(self._pending.discard)
         task = self._loop.create_task(self._record_turn_end(turn, outcome))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -14,6 +14,8 @@ Layout (``P`` = the configured prefix, ``T`` = tenant, ``S`` = session id within
 * ``P:waits``         list: observed suspension waits (seconds), newest first, bounded
 * ``P:suspends``      list: Unix times of recent suspensions (the lambda estimate), bounded
 * ``P:config``        string: runtime configuration (JSON) set through ``/admin/config``
+* ``P:seg:T:S``       string: one session's segment bookkeeping (JSON, bounded; see
+                      :mod:`service.state.segment_store`)
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class Keys:
 
     def live(self, tenant: str) -> str:
         return f"{self.prefix}:live:{tenant}"
+
+    def segments(self, tenant: str, session: str) -> str:
+        return f"{self.prefix}:seg:{tenant}:{session}"
 
     def prefix_hash(self, tenant: str, digest: str) -> str:
         return f"{self.prefix}:px:{tenant}:{digest}"

@@ -9,7 +9,10 @@ It records every request it receives (headers and JSON body) and behaves by mode
 * ``die``: streams one chunk, then the server fails and drops the connection mid-answer;
 * ``slow``: answers after ``slow_s`` seconds (upstream timeouts);
 * ``hang``: streams one chunk (or, not streaming, nothing), then waits until the client goes
-  away (records the cancellation).
+  away (records the cancellation);
+* ``reasoning``: a reasoning model's answer (``message.reasoning`` beside the content) with
+  ``usage`` (``reasoning_tokens`` included), counted as :func:`prompt_tokens` renders;
+  ``POST /tokenize`` counts a chat prompt the same way (vLLM's route).
 
 Streaming requests get SSE chunks.
 """
@@ -67,6 +70,9 @@ class FakeUpstream:
             body = raw
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         self.received.append(Received(scope["path"], headers, body))
+        if scope["path"] == "/tokenize" and isinstance(body, dict):
+            await _json(send, 200, {"count": prompt_tokens(body.get("messages") or [])})
+            return
         if scope["path"] == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [{"id": "echo"}]})
             return
@@ -97,6 +103,9 @@ class FakeUpstream:
                 if message["type"] == "http.disconnect":
                     self.cancelled.set()
                     return
+        if model == "reasoning" and not stream and isinstance(body, dict):
+            await _json(send, 200, reasoning_answer(body.get("messages") or []))
+            return
         if not stream:
             message_body: dict[str, Any] = {"role": "assistant", "content": "hi"}
             if model == "tool":
@@ -145,6 +154,49 @@ class FakeUpstream:
             tail = {"choices": [], "usage": usage}
             await send({"type": "http.response.body", "body": _sse(tail), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def prompt_tokens(messages: list[Any]) -> int:
+    """Tokens of a chat prompt as a template like the tiny test model's renders it (one per
+    word): ``<s>``, then ``role : content </s>`` per message (an assistant message that carries
+    its reasoning back gets ``<think> reasoning </think>`` before its content, as reasoning
+    models' templates render it), then ``assistant :``."""
+    count = 1 + 2
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        count += 3 + len(content.split() if isinstance(content, str) else [])
+        reasoning = message.get("reasoning")
+        if isinstance(reasoning, str):
+            count += 2 + len(reasoning.split())
+    return count
+
+
+def reasoning_answer(messages: list[Any]) -> dict[str, Any]:
+    """A reasoning model's answer: 40 words of reasoning (different every turn), 12 of
+    content; the completion counts both and the two think markers."""
+    n = len(messages)
+    reasoning = " ".join(f"r{n}x{i}" for i in range(40))
+    content = " ".join(f"c{n}x{i}" for i in range(12))
+    return {
+        "id": "cmpl-r",
+        "object": "chat.completion",
+        "model": "reasoning",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "reasoning": reasoning},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens(messages),
+            "completion_tokens": 40 + 12 + 2,
+            "total_tokens": prompt_tokens(messages) + 54,
+            "completion_tokens_details": {"reasoning_tokens": 40},
+        },
+    }
 
 
 _SPECIAL_MODELS = frozenset({"error", "missing", "die", "hang", "slow"})
