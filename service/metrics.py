@@ -92,6 +92,11 @@ class Metrics:
         self.redis_errors = Counter(
             "tenure_redis_errors", "Failed Redis operations", ["op"], registry=r
         )
+        self.redis_wait_short = Counter(
+            "tenure_redis_wait_short",
+            "Hot-path writes fewer replicas acknowledged than TENURE_REDIS_WAIT_REPLICAS in time",
+            registry=r,
+        )
         self.fail_open = Counter(
             "tenure_fail_open",
             "Proxied requests forwarded without lifecycle state because Redis was unavailable",
