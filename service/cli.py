@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
+    "state": ("service.state.cli", "Redis state maintenance (migrate-keys)"),
     "train-ranker": (
         "service.replay.ranker_cli",
         "train the worker-lifetime ranker on a trace's sub-agent spawns",

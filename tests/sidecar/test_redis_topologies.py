@@ -231,7 +231,8 @@ def test_cluster_sessions_through_the_sidecar(redis_cluster: ClusterGroup, sidec
     client = redis.RedisCluster.from_url(redis_cluster.url)
     try:
         keys = [
-            k.decode() for k in client.keys("{tenure}:*", target_nodes=redis.RedisCluster.ALL_NODES)
+            k.decode() if isinstance(k, bytes) else k
+            for k in client.keys("{tenure}:*", target_nodes=redis.RedisCluster.ALL_NODES)
         ]
         assert any(k.startswith("{tenure}:s:default:alpha") for k in keys)
         assert {client.keyslot(k) for k in keys} == {client.keyslot("{tenure}")}
@@ -263,3 +264,40 @@ def test_cluster_store_reads(redis_cluster: ClusterGroup):
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_migrate_keys_to_the_hash_tagged_layout(redis_url: str, sidecar_factory):
+    """Sessions written in the plain layout are read by a hash-tagged sidecar after
+    ``migrate-keys`` (inference keys listed in a record follow), and a second run is a no-op."""
+    from service.state.migrate import migrate_keys
+
+    plain = sidecar_factory()
+    first = [{"role": "user", "content": "migrate me"}]
+    with httpx.Client(base_url=plain.url, timeout=10) as http:
+        assert http.post(CHAT, json=_chat(), headers={"X-Tenure-Session": "kept"}).is_success
+        assert http.post(CHAT, json={"model": "echo", "messages": first}).is_success
+        wait_for(lambda: http.get("/v1/sessions/kept").json()["state"] == "idle", timeout_s=10)
+        assert http.post("/v1/sessions/kept/suspend", json={"expected_wait_s": 60}).is_success
+    plain.stop()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        dry = migrate_keys(client, "tenure", to_hash_tag=True, dry_run=True)
+        assert dry.renamed > 0 and client.keys("{tenure}:*") == []
+        report = migrate_keys(client, "tenure", to_hash_tag=True)
+        assert report.renamed == dry.renamed and report.records_rewritten == 1
+        assert not report.conflicts and client.keys("tenure:*") == []
+        assert migrate_keys(client, "tenure", to_hash_tag=True).renamed == 0
+    finally:
+        client.close()
+    tagged = sidecar_factory(redis_hash_tag=True)
+    with httpx.Client(base_url=tagged.url, timeout=10) as http:
+        assert http.get("/v1/sessions/kept").json()["state"] == "suspended"
+        # The inferred session is found again from its prefix key, in the new layout.
+        second = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "on"}]
+        assert http.post(CHAT, json={"model": "echo", "messages": second}).is_success
+        listed = http.get("/v1/sessions").json()["sessions"]
+        wait_for(
+            lambda: any(s["turn"] == 2 for s in http.get("/v1/sessions").json()["sessions"]),
+            timeout_s=10,
+        )
+        assert len(listed) == 2
