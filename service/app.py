@@ -108,6 +108,7 @@ def _push_security(settings: Settings) -> PushSecurity:
         client_keys=dict(settings.push_curve_client_keys),
         ipc_mode=settings.push_ipc_mode,
         max_adapters=settings.push_max_adapters,
+        engine_ids=frozenset(p.strip() for p in settings.push_engine_ids.split(",") if p.strip()),
     )
 
 

@@ -212,10 +212,20 @@ class Metrics:
             "tenure_adapter_resident_bytes", "Bytes resident per tier, by adapter",
             ["adapter", "tier"], registry=r,
         )  # fmt: skip
+        self.session_moves = Counter(
+            "tenure_session_moves",
+            "Sessions that arrived at an engine with earlier turns it never saw (moved there "
+            "by the router, or the engine restarted), by the engine's adapter id",
+            ["adapter"], registry=r,
+        )  # fmt: skip
         self.adapter_sessions_tracked = Gauge(
             "tenure_adapter_sessions_tracked", "Sessions an adapter tracks", ["adapter"],
             registry=r,
         )  # fmt: skip
+
+    def count_moves(self, adapter: str, sessions: int) -> None:
+        if sessions > 0:
+            self.session_moves.labels(adapter).inc(sessions)
 
     def record_residency(self, report: ResidencyReport) -> None:
         """Add one adapter report's deltas (negative deltas are ignored: counters only rise)

@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     #: Allow a non-loopback ``tcp://`` push address without CURVE (a trusted private network
     #: only: every peer that can connect reads all tenants' decisions).
     push_insecure: bool = False
+    #: Engine ids adapters may report under (``TENURE_ENGINE_ID`` / ``tenure_engine_id`` on
+    #: each engine), comma-separated: their labels in per-engine metrics and
+    #: ``/admin/engines``; any other id is ``other``. Empty: the first ids heard, bounded.
+    push_engine_ids: str = ""
     #: Adapters tracked at once (peers beyond it are ignored until one goes silent).
     push_max_adapters: int = Field(default=64, ge=1, le=10_000)
     #: How often each replica reloads runtime config and the learned gap model from Redis.

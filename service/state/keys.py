@@ -14,6 +14,9 @@ Layout (``P`` = the configured prefix, ``T`` = tenant, ``S`` = session id within
 * ``P:waits``         list: observed suspension waits (seconds), newest first, bounded
 * ``P:suspends``      list: Unix times of recent suspensions (the lambda estimate), bounded
 * ``P:config``        string: runtime configuration (JSON) set through ``/admin/config``
+* ``P:engines``       hash: engine id -> its newest residency summary (JSON), for
+                      ``/admin/engines`` on every replica (ids are bounded labels)
+* ``P:emoves``        hash: engine id -> sessions that moved to it (cold arrivals)
 
 On Redis Cluster every script touches the global keys (``dseq``, ``decisions``, ``dtable``)
 beside a tenant's, so all keys of a deployment must share one hash slot: the root is then the
@@ -94,3 +97,11 @@ class Keys:
     @property
     def config(self) -> str:
         return f"{self.prefix}:config"
+
+    @property
+    def engines(self) -> str:
+        return f"{self.prefix}:engines"
+
+    @property
+    def engine_moves(self) -> str:
+        return f"{self.prefix}:emoves"

@@ -538,6 +538,40 @@ class StateStore:
 
         return await self._call("config", transact)
 
+    # --- engines (several behind a router) -----------------------------------------------
+
+    async def record_engine(self, engine: str, summary: Mapping[str, Any], moves: int) -> None:
+        """The newest residency summary of ``engine`` (a bounded label), and its moves."""
+        k = self.keys
+
+        async def write() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(k.engines, engine, _json_encode(summary))
+                if moves > 0:
+                    pipe.hincrby(k.engine_moves, engine, moves)
+                await pipe.execute()
+
+        await self._call("engines", write)
+
+    async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
+        """``(engine, newest summary, sessions moved to it)`` of every engine ever reported."""
+        k = self.keys
+
+        async def read() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(k.engines)
+                pipe.hgetall(k.engine_moves)
+                return list(await pipe.execute())
+
+        summaries, moves = await self._call("engines", read)
+        counts = {_text(name): int(value) for name, value in moves.items()}
+        out = []
+        for name, raw in sorted(summaries.items()):
+            summary = msgspec.json.decode(raw)
+            if isinstance(summary, dict):
+                out.append((_text(name), summary, counts.get(_text(name), 0)))
+        return out
+
     async def ping(self) -> bool:
         return bool(await self._call("ping", self.client.ping))
 
