@@ -8,6 +8,7 @@ One stack for the module (two vLLM servers start together, ~1 min on this machin
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_session_sticks_to_its_engine_then_moves_when_it_dies(stack: MultiStack)
     # Per-engine residency, reported under each engine's configured id, on any replica.
     home_id = stack.engine_id(home)
     deadline = time.monotonic() + 20
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     while time.monotonic() < deadline:
         rows = {
             e["engine"]: e
