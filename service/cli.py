@@ -42,6 +42,7 @@ _BENCHES: dict[str, tuple[str, str]] = {
     "policy": ("engine_adapter.bench", "per-call cost of the adapter policy vs vLLM's LRU"),
     "replay": ("service.replay.bench", "speed of one replay over a whole trace"),
     "sdk": ("clients.bench", "cost the client SDK adds per completion call"),
+    "redis-wait": ("service.bench_redis", "cost of WAIT 1 (synchronous replication) per write"),
     "soak": (
         "service.soak.cli",
         "chaos soak: router, 2 engines, 2 sidecars, Redis with Sentinel, faults, ledger",
