@@ -21,6 +21,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import (
     LoadStoreSpec,
+    LookupResult,
     OffloadingEvent,
     OffloadKey,
     PrepareStoreOutput,
@@ -146,9 +147,17 @@ class TenureOffloadingManager(CPUOffloadingManager):
         threshold = self.store_threshold
         return [k for k in missing if k in counts and counts[k] + seen[k] >= threshold]
 
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        result = super().lookup(key, req_context)
+        if self.tenure is not None:
+            # Where vLLM starts looking up is where the GPU prefix-cache hit ends.
+            self.tenure.resumes.lookup(key, req_context)
+        return result
+
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = super().prepare_load(keys, req_context)
         if self.tenure is not None:
+            self.tenure.resumes.loaded(keys, req_context)
             stats = self.tenure.stats
             stats["loads"] += 1
             stats["host_hit_blocks"] += len(keys)
@@ -172,6 +181,7 @@ class TenureOffloadingManager(CPUOffloadingManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         super().on_request_finished(req_context)
         if self.tenure is not None:
+            self.tenure.resumes.finish(req_context)
             self._reclaim()
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
+from engine_adapter.resumes import ResumeTracker
 from engine_adapter.tags import RequestTags, parse_tags
 from service.policy import EvictionClass, HostTier, Run, SessionHint, Victim, create_policy
 from service.push.messages import Decision, Snapshot
@@ -93,6 +94,10 @@ class TenureCachePolicy(CachePolicy):
         self.stats: Counter[str] = Counter()
         #: Bumped by every ``clear()``, like vLLM's manager's cache generation.
         self.generation = 0
+        #: Resumed requests classified by where their prompt came from (reported upstream).
+        self.resumes = ResumeTracker()
+        #: Tenant -> the host-retention branch of the sidecar's last snapshot.
+        self.retention_branches: dict[str, str] = {}
         self._reset_state()
 
     # --- state --------------------------------------------------------------------------------
@@ -271,7 +276,8 @@ class TenureCachePolicy(CachePolicy):
 
     def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
         """A request reached the scheduler: its session is active from now."""
-        self._request(ctx, self._clock() if now is None else now, infer=False)
+        info = self._request(ctx, self._clock() if now is None else now, infer=False)
+        self.resumes.start(info.session, ctx)
 
     # --- the store gate -------------------------------------------------------------------
 
@@ -881,6 +887,7 @@ class TenureCachePolicy(CachePolicy):
             message = self.inbox.popleft()
             if isinstance(message, Snapshot):
                 self.stats["snapshots_applied"] += 1
+                self._note_retention(message)
                 if message.seq < self.last_applied_seq:
                     # The sidecar's sequence restarted (its state was lost): its snapshot is
                     # the new baseline, whatever numbers we applied before.
@@ -899,6 +906,18 @@ class TenureCachePolicy(CachePolicy):
             self._drop_victims(self.tier.expire(now), now)
             self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
             self._refresh_timer()
+
+    def _note_retention(self, snapshot: Snapshot) -> None:
+        """Log a tenant's host-retention branch when the sidecar's controller changes it (each
+        suspension's own timer arrives in its decision; this is for the engine's operators)."""
+        branches = {t: r.branch for t, r in snapshot.config.retention.items()}
+        for tenant, branch in branches.items():
+            before = self.retention_branches.get(tenant)
+            if before is not None and before != branch:
+                self.stats["retention_branch_changes"] += 1
+                log.info("tenure: host-retention branch of %s: %s -> %s", tenant, before, branch)
+        if len(branches) <= 1024:
+            self.retention_branches = branches
 
     def _prune(self) -> None:
         """Forget per-session bookkeeping of sessions with nothing resident (bounded memory)."""
@@ -941,6 +960,11 @@ class TenureCachePolicy(CachePolicy):
             parent=decision.parent,
             host_ttl_s=ttl,
         )
+        if decision.state == "suspended":
+            # The timer as issued (the tracker reports the branch and the time held).
+            self.resumes.suspended(session, decision.issued_at, decision.host_ttl_s)
+        elif last:
+            self.resumes.forget(session)
         if last:
             self._ended.add(session)
         if last:

@@ -278,8 +278,9 @@ class PushClient:
         now = dict(self.policy.stats)
         fields = residency_delta(now, self._reported)
         changed = any(fields[name] for name in _COUNTER_FIELDS) or fields["evicted_blocks"]
-        if not changed and not force:
+        if not changed and not force and not self.policy.resumes.outcomes:
             return None
+        fields["resumes"] = self.policy.resumes.drain()
         self._reported = now
         self._report_seq += 1
         tier = self.policy.tier

@@ -25,12 +25,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api import admin, sessions
+from service.api import admin, record_admin, retention_admin, sessions
 from service.api.deps import ApiError, Services
 from service.api.errors import api_error, openai_error, unavailable
 from service.api.openapi import add_proxy_routes
 from service.api.proxy import Proxy
 from service.api.raw_upstream import RawUpstream
+from service.api.recorder import Recorder
+from service.api.retention import build_retention
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
@@ -225,6 +227,7 @@ def create_app(
             store, metrics, gap_log_len=settings.gap_observations_maxlen,
             tenants=tenants.names, clock=clock,
         )  # fmt: skip
+        runtime.retention = retention = build_retention(settings, store, metrics, clock)
         await runtime.refresh(sample_states=True)
         upstream = _upstream_client(settings, upstream_transport)
         tail_client: RedisClient | None = None
@@ -243,6 +246,7 @@ def create_app(
                     policy_mode=config.policy_mode,
                     host_capacity_bytes=config.host_capacity_bytes.get("cpu"),
                     overdue_slack_s=config.overdue_slack_s,
+                    retention=retention.push_state(config),
                 )
 
             push = PushServer(
@@ -251,10 +255,17 @@ def create_app(
                 security=_push_security(settings),
             )  # fmt: skip
             await push.start()
-        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock)
+            retention.on_change = push.broadcast_snapshot
+        recorder = Recorder(
+            # The keys' root (hash-tagged on a cluster: the recorder's script keys share a slot).
+            client, keys.prefix, enabled=settings.record_enabled,
+            max_bytes=settings.record_max_bytes, chunk_bytes=settings.record_chunk_bytes,
+            clock=clock,
+        )  # fmt: skip
+        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock, recorder)
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push,
+            clock=clock, push=push, recorder=recorder,
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.
@@ -337,6 +348,8 @@ def create_app(
 
     app.include_router(sessions.router)
     app.include_router(admin.router)
+    app.include_router(record_admin.router)
+    app.include_router(retention_admin.router)
 
     def proxy_of(request: Request) -> Proxy:
         proxy: Proxy = request.app.state.proxy

@@ -32,6 +32,14 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "measure the retention price vector on a live vLLM engine",
     ),
     "state": ("service.state.cli", "Redis state maintenance (migrate-keys)"),
+    "calibrate-profile": (
+        "service.calibrate.profile_cli",
+        "measure the simulator's CPU hardware profile on the live A/B's engine",
+    ),
+    "record": (
+        "service.record.cli",
+        "switch the sidecar's traffic recording; export it as a canonical trace",
+    ),
     "train-ranker": (
         "service.replay.ranker_cli",
         "train the worker-lifetime ranker on a trace's sub-agent spawns",

@@ -8,12 +8,13 @@ renders that registry.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from service.metrics_retention import RetentionMetrics
 from service.policy.types import EvictionClass
-from service.push.messages import ResidencyReport
+from service.push.messages import ResidencyReport, ResumeOutcome
 
 __all__ = ["OTHER", "LabelBudget", "Metrics"]
 
@@ -222,6 +223,10 @@ class Metrics:
             "tenure_adapter_sessions_tracked", "Sessions an adapter tracks", ["adapter"],
             registry=r,
         )  # fmt: skip
+        #: The online retention controller's gauges and the resume outcomes.
+        self.retention = RetentionMetrics(r)
+        #: Set by the app: prices and counts the resume outcomes adapters report.
+        self.on_resumes: Callable[[Iterable[ResumeOutcome]], None] | None = None
 
     def count_moves(self, adapter: str, sessions: int) -> None:
         if sessions > 0:
@@ -244,6 +249,8 @@ class Metrics:
         _add(self.adapter_bytes_stored, report.bytes_stored)
         _add(self.adapter_bytes_loaded, report.bytes_loaded)
         _add(self.adapter_ttl_expiries, report.ttl_expiries)
+        if report.resumes and self.on_resumes is not None:
+            self.on_resumes(report.resumes[:256])
         for cls, blocks in report.evicted_blocks.items():
             if blocks > 0:
                 # Only the core's own classes: the sender's text is not a label.

@@ -130,6 +130,19 @@ class Settings(BaseSettings):
     decision_stream_maxlen: int = Field(default=10_000, ge=100)
     wait_samples_maxlen: int = Field(default=4096, ge=16)
     gap_observations_maxlen: int = Field(default=2048, ge=16)
+    # --- the online host-retention controller (service.api.retention) ---------------------
+    #: Re-choose each tenant's host branch (retain / ttl) this often, seconds.
+    retention_period_s: float = Field(default=900.0, gt=0, le=86_400)
+    #: Observed approval waits a tenant needs before its branch is first re-chosen.
+    retention_min_samples: int = Field(default=200, ge=1, le=100_000)
+    #: The challenger branch must be cheaper by this fraction to take over (hysteresis).
+    retention_margin: float = Field(default=0.05, ge=0, lt=1)
+    #: Suspension-rate estimator (``window:S``, ``decay:S``, ``changepoint:S``).
+    retention_estimator: str = "changepoint:300"
+    #: Suspensions and resumes kept per tenant in Redis (the controller's window).
+    retention_window: int = Field(default=2000, ge=16, le=100_000)
+    #: The replica holding the controller lease re-chooses; the lease lasts this long.
+    retention_lease_s: float = Field(default=30.0, gt=0, le=3600)
 
     #: Bearer token for ``/admin``; the service refuses to start without one unless
     #: ``dev_mode`` is set explicitly.
@@ -190,6 +203,23 @@ class Settings(BaseSettings):
     #: ``consistent_hash``, ``x-session-token`` for llm-d, ``x-dynamo-session-id`` for
     #: Dynamo. Empty (the single-engine default): none.
     upstream_session_headers: str = ""
+
+    # --- recording (service.api.recorder; off by default) ----------------------------------
+    #: Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from
+    #: start-up; ``PUT /admin/record`` switches it at run time.
+    record_enabled: bool = False
+    #: The recording's size bound in Redis (bytes); turns beyond it are dropped and counted.
+    record_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=16 * 1024**3)
+    #: Request bytes per prefix hash (the granularity of the recorded prefix structure).
+    record_chunk_bytes: int = Field(default=256, ge=16, le=1024 * 1024)
+
+    @field_validator("retention_estimator")
+    @classmethod
+    def _known_estimator(cls, value: str) -> str:
+        from service.policy.rate import rate_estimator
+
+        rate_estimator(value)  # raises with the valid kinds named
+        return value
 
     @field_validator("upstream_url")
     @classmethod

@@ -1,17 +1,23 @@
-"""``tenure up``: start a local stack, run a short agent session through it, show what happened.
+"""``tenure up``: the live A/B on real agent traffic (default), or a local stack and a demo.
 
-Redis, the tiny random-weight model, a CPU vLLM server with the Tenure adapter and the sidecar
-all start locally (progress lines while they do); then an agent session runs through the proxy
-with lifecycle hints: a tool-using turn, other clients' traffic that floods the engine's KV
-pool, the agent's return (served from the host tier), a second session suspended for approval,
-and the agent's declared end (its host blocks reclaimed at once). The decisions the sidecar
-pushed and the adapter's counters from ``/metrics`` are printed, then everything stops, unless
-``--keep-running``.
+By default (:mod:`service.live.cli`): a slice of the Claude Code trace is played through the
+sidecar into a CPU vLLM with the adapter, once with the host tier under ``lru`` and once under
+``tenure``, beside the simulator's replay of the same slice; the table of both (and ``--json``,
+``--plot``) follows.
 
-SIGINT, SIGTERM and SIGHUP stop the whole stack (Redis, the sidecar, vLLM and its EngineCore)
-at any point, start-up included, and exit with 128 + the signal number. The handlers are set
-explicitly: a shell starts a background job with SIGINT ignored, and Python's default SIGTERM
-kills the launcher without stopping its children (each runs in its own process group).
+``--scripted``: Redis, the tiny random-weight model, a CPU vLLM server with the Tenure adapter
+and the sidecar start locally (progress lines while they do); then an agent session runs
+through the proxy with lifecycle hints: a tool-using turn, other clients' traffic that floods
+the engine's KV pool, the agent's return (served from the host tier), a second session
+suspended for approval, and the agent's declared end (its host blocks reclaimed at once). The
+decisions the sidecar pushed and the adapter's counters from ``/metrics`` are printed, then
+everything stops, unless ``--keep-running``. ``--no-demo`` starts the stack and nothing else.
+
+SIGINT, SIGTERM and SIGHUP stop the whole stack (Redis, the sidecar, vLLM and its EngineCore;
+in the A/B, the arm's stack and Prometheus) at any point, start-up included, and exit with
+128 + the signal number. The handlers are set explicitly: a shell starts a background job with
+SIGINT ignored, and Python's default SIGTERM kills the launcher without stopping its children
+(each runs in its own process group).
 """
 
 from __future__ import annotations
@@ -178,6 +184,22 @@ def _run(args: argparse.Namespace) -> int:
     cache = Path(
         args.cache_dir or os.environ.get("TENURE_CACHE_DIR") or Path.home() / ".cache" / "tenure"
     )
+    if not (args.scripted or args.no_demo):
+        from service.live.cli import run_ab
+
+        with _StopSignals() as signals:
+            try:
+                return run_ab(args, cache, Path(args.workdir) if args.workdir else None)
+            except StackError as exc:
+                print(f"tenure up: error: {exc}", file=sys.stderr)
+                return 1
+            except _Stopped as stop:
+                # run_ab's own clean-up has stopped every stack by now (it runs on the way
+                # out); later signals were ignored from the first one on.
+                _say(f"{signal.Signals(stop.signum).name}: stopped the stack")
+                return 128 + stop.signum
+            finally:
+                signals.stopping()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tenure-up-"))
     config = StackConfig(
         workdir=workdir,
@@ -218,11 +240,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--keep-running", action="store_true", help="keep the stack serving after the demo"
     )
     parser.add_argument("--no-demo", action="store_true", help="start the stack, skip the demo")
-    parser.add_argument("--policy", default="tenure", help="adapter policy (default tenure)")
+    parser.add_argument(
+        "--scripted", action="store_true", help="the short scripted session instead of the A/B"
+    )
+    parser.add_argument(
+        "--policy", default="tenure", help="host-tier policy (the A/B's treatment arm; tenure)"
+    )
     parser.add_argument("--port", type=int, default=8000, help="sidecar/proxy port (0 = free)")
     parser.add_argument("--engine-port", type=int, default=0, help="vLLM port (0 = free)")
     parser.add_argument("--workdir", help="logs and Redis data (default: a new temp dir)")
     parser.add_argument(
         "--cache-dir", help="where the tiny model is cached (default TENURE_CACHE_DIR or ~/.cache)"
     )
+    from service.live.cli import configure_ab
+
+    configure_ab(parser)
     parser.set_defaults(func=_run)

@@ -13,12 +13,32 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["TINY_MODEL_VERSION", "VOCAB_SIZE", "ensure_tiny_model", "word_prompt"]
+__all__ = [
+    "JSON_TOKENS",
+    "PLAIN_WORDS",
+    "TINY_MODEL_VERSION",
+    "TOOL_NAME",
+    "VOCAB_SIZE",
+    "ensure_tiny_model",
+    "word_prompt",
+]
 
 #: Bump when the layout changes, so stale cached copies are rebuilt.
-TINY_MODEL_VERSION = "tiny-llama-v1"
-VOCAB_SIZE = 2048
+TINY_MODEL_VERSION = "tiny-llama-v3"
+#: The tool the vocabulary can call, as its quoted JSON string token.
+TOOL_NAME = "bash"
+#: The pieces of the one tool call the vocabulary can spell, ``[{"name": "bash"
+#: ,"parameters":{}}]``: vLLM's structured output for ``tool_choice="required"`` (a JSON array
+#: of ``{"name", "parameters"}``) can then make even this random model answer with a real tool
+#: call, and since no other token starts or continues that JSON, the answer is always these 3
+#: tokens + EOS. Spaces fall only between JSON tokens, so the tokenizer's space-joined decoding
+#: and the grammar engine's raw concatenation read as the same JSON.
+JSON_TOKENS = ['[{"name":', f'"{TOOL_NAME}"', ',"parameters":{}}]']
 _SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
+#: The word-level vocabulary of v1 (2048 entries) plus the JSON tokens.
+VOCAB_SIZE = 2048 + len(JSON_TOKENS)
+#: Plain words ``w0 .. w<PLAIN_WORDS - 1>``: one token each, the stuff prompts are made of.
+PLAIN_WORDS = 2048 - len(_SPECIAL) - 3
 _MARKER = "tenure_tiny_model.json"
 
 _CHAT_TEMPLATE = (
@@ -30,7 +50,7 @@ _CHAT_TEMPLATE = (
 
 def _words() -> list[str]:
     # Plain lowercase pseudo-words: whitespace-split prompts map one word to one token.
-    return [f"w{i}" for i in range(VOCAB_SIZE - len(_SPECIAL) - 3)] + ["user", "assistant", ":"]
+    return [f"w{i}" for i in range(PLAIN_WORDS)] + ["user", "assistant", ":"]
 
 
 def word_prompt(seed: int, n_tokens: int) -> str:
@@ -47,7 +67,7 @@ def _write(target: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(_SPECIAL + _words())}
+    vocab = {tok: i for i, tok in enumerate(_SPECIAL + _words() + JSON_TOKENS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
@@ -67,7 +87,8 @@ def _write(target: Path) -> None:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=2048,
+        # Room for the live A/B's scaled Claude Code contexts (one token per 64-token block).
+        max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=3,

@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.errors import ErrorResponse
+from service.api.recorder import Recorder
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver, bearer_token
 from service.metrics import Metrics
@@ -85,6 +86,7 @@ class Services:
     tenants: TenantResolver
     clock: Callable[[], float]
     push: PushServer | None = None
+    recorder: Recorder | None = None
 
 
 def get_services(request: Request) -> Services:

@@ -39,6 +39,7 @@ from service.api.errors import openai_error
 from service.api.hints import HintError, Hints, parse_hints
 from service.api.inference import prefix_digests
 from service.api.paths import PathRefused, check_passthrough_path
+from service.api.recorder import PendingTurn, Recorder
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.turns import TurnForecasts
@@ -69,6 +70,7 @@ _decode_json = msgspec.json.decode
 _encode_json = msgspec.json.Encoder().encode
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
 _TOOL_NAME = re.compile(rb'"function"\s*:\s*\{\s*"name"\s*:\s*"([^"\\]{1,128})"')
+_USAGE = re.compile(rb'"(prompt|completion)_tokens"\s*:\s*([0-9]{1,12})')
 
 
 class _Choice(msgspec.Struct):
@@ -78,6 +80,7 @@ class _Choice(msgspec.Struct):
 
 class _Completion(msgspec.Struct):
     choices: list[_Choice] = []
+    usage: dict[str, Any] | None = None
 
 
 _completion_decoder = msgspec.json.Decoder(_Completion)
@@ -110,6 +113,9 @@ class _Turn:
     counting: asyncio.Task[TurnStart | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
+    #: While recording (service.api.recorder): the request side, and the answer's usage.
+    record: PendingTurn | None = None
+    usage: dict[str, int] | None = None
 
     def scan(self, chunk: bytes) -> None:
         if b"finish_reason" in chunk:
@@ -119,6 +125,8 @@ class _Turn:
             found = _TOOL_NAME.search(chunk)
             if found is not None:
                 self.tool = found.group(1).decode(errors="replace")
+        if self.record is not None and b'"usage"' in chunk:
+            self.usage = {k.decode(): int(v) for k, v in _USAGE.findall(chunk)}
 
 
 def _clean_tool(name: str | None) -> str:
@@ -138,8 +146,10 @@ class Proxy:
         upstream: UpstreamClient,
         tenants: TenantResolver,
         clock: Callable[[], float],
+        recorder: Recorder | None = None,
     ) -> None:
         self.settings = settings
+        self.recorder = recorder
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
@@ -245,6 +255,8 @@ class Proxy:
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
             dropped = _drop_client_tenure(payload)  # the key is the sidecar's alone
             turn = await self._start_turn(route, tenant, hints, payload)
+            if turn is not None and self.recorder is not None:
+                turn.record = self.recorder.begin(payload, hints)
             if turn is not None or had_tenure or dropped:
                 body = self._rewrite(payload, turn, hints)
         except HintError as exc:
@@ -480,6 +492,16 @@ class Proxy:
         if outcome == FAILED:
             await self._take_back(turn, start)
             return
+        if turn.record is not None and self.recorder is not None:
+            # Its own task: recording never delays the turn's decision.
+            task = self._loop.create_task(
+                self.recorder.finish(
+                    turn.record, tenant=turn.tenant, session=start.session, turn=start.turn,
+                    stop=turn.stop_reason, usage=turn.usage, cut=outcome == CUT,
+                )
+            )  # fmt: skip
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
         now = self.clock()
         hints = turn.hints
         decision = lifecycle.on_response(
@@ -605,6 +627,12 @@ def _scan_completion(turn: _Turn, content: bytes, content_encoding: str) -> None
         return
     if not completion.choices:
         return
+    if completion.usage is not None and turn.record is not None:
+        turn.usage = {
+            k.removesuffix("_tokens"): v
+            for k, v in completion.usage.items()
+            if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)
+        }
     choice = completion.choices[0]
     turn.stop_reason = choice.finish_reason
     calls = (choice.message or {}).get("tool_calls")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from service.metrics import Metrics
 from service.policy import GapPredictor, stop_class
@@ -20,6 +21,9 @@ from service.policy.retention import LambdaEstimator, host_ttl_seconds, lambda_c
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
 from service.state.store import YIELD_EVERY, StateStore
+
+if TYPE_CHECKING:
+    from service.api.retention import RetentionControl
 
 __all__ = ["Runtime"]
 
@@ -52,6 +56,8 @@ class Runtime:
         self._predictors: dict[str, GapPredictor] = {}
         self._gap_heads: dict[str, tuple[int, str]] = {}
         self._tenants: set[str] = set(tenants)
+        #: The online host-retention controller (set by the app; refreshed with the rest).
+        self.retention: RetentionControl | None = None
 
     # --- decisions' inputs ---------------------------------------------------------------------
 
@@ -91,6 +97,8 @@ class Runtime:
                 await self._sample_states()
         except StateUnavailable:
             pass
+        if self.retention is not None:
+            await self.retention.refresh(self.config, self.calibration_waits)
         self._export_retention()
 
     async def _refresh_config(self) -> None:

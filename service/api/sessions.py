@@ -245,9 +245,18 @@ async def suspend_session(
     request = body or SuspendRequest()
     runtime = svc.runtime
 
+    control = runtime.retention
+
     def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
         if record.get("state") == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
+        if control is not None:
+            # The tenant's online controller: its branch, its lambda, its share of C2.
+            branch, lam = control.suspend_inputs(tenant.name, runtime.config)
+            return lifecycle.on_suspend(
+                now, expected_wait_s=request.expected_wait_s,
+                retention=control.settings(runtime.config), estimated_lambda=lam, branch=branch,
+            )  # fmt: skip
         return lifecycle.on_suspend(
             now,
             expected_wait_s=request.expected_wait_s,
@@ -267,6 +276,8 @@ async def suspend_session(
 
     result = await _transition(svc, tenant, session_id, decide, extra)
     runtime.observe_suspension(svc.clock())
+    if control is not None and result.suspended_at is not None:
+        await control.observe_suspension(tenant.name, result.suspended_at)
     return result
 
 
@@ -279,14 +290,23 @@ async def resume_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> Ses
             raise _Conflict(f"session {session_id!r} is finished")
         return lifecycle.on_resume(now)
 
+    waited: dict[str, float] = {}
+
     def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
         suspended_at = _float(record, "suspended_at")
         if record.get("state") == "suspended" and suspended_at is not None:
             # The observed approval wait is a calibration sample for the regime controller.
             update.push = ("waits", repr(max(0.0, now - suspended_at)))
+            waited["at"], waited["wait"] = now, max(0.0, now - suspended_at)
+        else:
+            waited.clear()  # a retried update that no longer ends a suspension
         update.deleted.extend(["suspended_at", "expected_wait_s"])
 
-    return await _transition(svc, tenant, session_id, decide, extra)
+    result = await _transition(svc, tenant, session_id, decide, extra)
+    control = svc.runtime.retention
+    if control is not None and waited:
+        await control.observe_resume(tenant.name, waited["at"], waited["wait"])
+    return result
 
 
 @router.post("/{session_id}/workers", response_model=SessionView, status_code=201)

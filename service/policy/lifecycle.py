@@ -95,14 +95,26 @@ def on_suspend(
     retention: RetentionSettings,
     estimated_lambda: float,
     calibration_waits_s: Sequence[float] = (),
+    branch: Literal["retain", "ttl"] | None = None,
 ) -> LifecycleDecision:
     """A human-approval wait begins: keep the host copy for ``t2(lambda)`` (or indefinitely).
 
-    With calibration waits the regime controller chooses retain vs TTL; without, the TTL
-    branch applies whenever the host tier is congested.
+    ``branch`` is the online controller's current choice
+    (:class:`~service.policy.retention_control.OnlineController`, re-chosen periodically by
+    the sidecar): ``ttl`` gives ``t2(lambda)`` (none while uncongested), ``retain`` none.
+    Without it, calibration waits are scored here (the regime choice per suspension);
+    without those either, the TTL branch applies whenever the host tier is congested.
     """
     lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda
-    if calibration_waits_s:
+    if branch is not None:
+        # The reasons the other paths give: regime_retain (the controller chose retain),
+        # host_ttl / host_retain (the ttl branch, congested or not).
+        if branch == "retain":
+            ttl, reason = None, "regime_retain"
+        else:
+            ttl = host_ttl_seconds(lam, retention.price, retention.host_slots, retention.w_ref_s)
+            reason = "host_retain" if ttl is None else "host_ttl"
+    elif calibration_waits_s:
         choice = choose_regime(
             calibration_waits_s, lam, retention.price, retention.host_slots, retention.w_ref_s
         )

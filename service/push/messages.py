@@ -43,7 +43,9 @@ __all__ = [
     "Hello",
     "Message",
     "ResidencyReport",
+    "ResumeOutcome",
     "ResyncRequest",
+    "RetentionState",
     "Snapshot",
     "TierConfig",
     "decode",
@@ -77,6 +79,21 @@ class Decision(msgspec.Struct, tag="decision", kw_only=True, frozen=True):
     issued_at: float = 0.0
 
 
+class RetentionState(msgspec.Struct, kw_only=True, frozen=True):
+    """One tenant's host-retention branch as the online controller last chose it.
+
+    Informational for adapters: each suspension's own timer travels in its
+    :class:`Decision` (``host_ttl_s``, fixed at suspension as in the seed); this says which
+    branch new suspensions get and since when (adapters log a change).
+    """
+
+    branch: str = "ttl"
+    #: ``t2(lambda)`` a suspension gets now; ``None`` = retained until resume.
+    host_ttl_s: float | None = None
+    lambda_per_s: float = 0.0
+    decided_at: float = 0.0
+
+
 class TierConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Runtime configuration pushed to adapters (set by SREs through ``/admin/config``)."""
 
@@ -85,6 +102,8 @@ class TierConfig(msgspec.Struct, kw_only=True, frozen=True):
     host_capacity_bytes: int | None = None
     #: Slack after the expected wake-up before a session counts as overdue, seconds.
     overdue_slack_s: float = 30.0
+    #: Tenant -> its current host-retention branch (the online controller's).
+    retention: dict[str, RetentionState] = msgspec.field(default_factory=dict)
 
 
 class Snapshot(msgspec.Struct, tag="snapshot", kw_only=True, frozen=True):
@@ -108,6 +127,28 @@ class ResyncRequest(msgspec.Struct, tag="resync", kw_only=True, frozen=True):
     adapter_id: str
     last_seq: int
     reason: str = "gap"
+
+
+class ResumeOutcome(msgspec.Struct, kw_only=True, frozen=True):
+    """Where the first request after a suspension found its prompt's KV (adapter's view).
+
+    Token counts are in full offload blocks of the prompt: ``hbm_tokens`` were already in
+    the GPU prefix cache (vLLM looked up only past them), ``host_tokens`` were loaded from the
+    host tier, ``computed_tokens`` the rest. ``outcome`` is the source of most of them.
+    """
+
+    #: Tenant part of the scoped session id (the sidecar keeps only configured tenants).
+    tenant: str
+    #: ``ttl`` when the suspension was given a host timer, else ``retain``.
+    branch: str
+    outcome: str
+    wait_s: float = 0.0
+    #: Seconds the host copy was held for this suspension (the wait, or the timer if shorter).
+    host_held_s: float = 0.0
+    prompt_tokens: int = 0
+    hbm_tokens: int = 0
+    host_tokens: int = 0
+    computed_tokens: int = 0
 
 
 class ResidencyReport(msgspec.Struct, tag="residency", kw_only=True, frozen=True):
@@ -134,6 +175,8 @@ class ResidencyReport(msgspec.Struct, tag="residency", kw_only=True, frozen=True
     resident_bytes: dict[str, int] = msgspec.field(default_factory=dict)
     sessions_tracked: int = 0
     last_applied_seq: int = -1
+    #: Resumed requests classified since the previous report (at most 256 per report).
+    resumes: list[ResumeOutcome] = msgspec.field(default_factory=list)
 
 
 Message = Decision | Snapshot | Hello | ResyncRequest | ResidencyReport

@@ -55,6 +55,28 @@ def test_bench_policy_json_has_the_issue_keys(tmp_path) -> None:
     assert "per call:" in result.stdout and "wrote" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["up", "--baseline", "nope"], "unknown policy 'nope'"),
+        (["up", "--policy", "lru"], "--policy and --baseline are both 'lru'"),
+        (["up", "--sessions", "100000"], "fit the model"),
+        (["up", "--trace", "pyproject.toml"], "pyproject.toml"),
+        (["up", "--budget-s", "5"], "larger than the time budget"),
+        (["up", "--time-scale", "0"], "--time-scale must be a positive number"),
+    ],
+)
+def test_ab_bad_input_is_one_line_exit_2_before_anything_starts(
+    args: list[str], needle: str
+) -> None:
+    result = tenure(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tenure")]
+    assert len(errors) == 1 and needle in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert "starting" not in result.stdout  # no Redis, sidecar or engine was started
+
+
 def _stat(pid: int) -> list[str] | None:
     """``/proc/PID/stat`` fields after the command name (state, ppid, pgrp, ...), or None."""
     try:

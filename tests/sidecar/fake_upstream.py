@@ -80,6 +80,7 @@ class FakeUpstream:
             await asyncio.sleep(self.slow_s)
         finish = "tool_calls" if model == "tool" else "stop"
         stream = isinstance(body, dict) and body.get("stream")
+        usage = {"prompt_tokens": _words(body), "completion_tokens": 3}
         if model == "hang" and not stream:
             while True:  # never answers; notices when the proxy drops the request
                 message = await receive()
@@ -101,6 +102,7 @@ class FakeUpstream:
                     "object": "chat.completion",
                     "model": model,
                     "choices": [{"index": 0, "message": message_body, "finish_reason": finish}],
+                    "usage": usage,
                 },
             )
             return
@@ -129,7 +131,18 @@ class FakeUpstream:
             await send({"type": "http.response.body", "body": _sse(chunk), "more_body": True})
         last = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
         await send({"type": "http.response.body", "body": _sse(last), "more_body": True})
+        if isinstance(body, dict) and (body.get("stream_options") or {}).get("include_usage"):
+            tail = {"choices": [], "usage": usage}
+            await send({"type": "http.response.body", "body": _sse(tail), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def _words(body: Any) -> int:
+    """Prompt "tokens" of a chat body: whitespace-separated words of its messages."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return 0
+    return sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
 
 
 def _sse(obj: Any) -> bytes:

@@ -1,0 +1,130 @@
+"""Classify the first request after a suspension by where its prompt's KV came from.
+
+The sidecar's suspend decision reaches the adapter on the push channel; the session's next
+request is the resume. For it the adapter counts, in full offload blocks of the prompt:
+
+* ``hbm``: blocks the GPU prefix cache still held. vLLM looks up the host tier only past the
+  blocks computed locally, so the first looked-up block's start is where the GPU hit ends (no
+  lookup at all: the GPU held every full block);
+* ``host``: blocks loaded from the host tier for this request (``prepare_load``);
+* ``computed``: the rest, computed again.
+
+The outcome is the source of most of them (ties: hbm, then host). Outcomes wait in a bounded
+queue the push thread drains into its next residency report. Engine thread only, except
+:meth:`ResumeTracker.drain` (a deque's pops are thread-safe).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+
+from service.push.messages import ResumeOutcome
+
+__all__ = ["ResumeTracker"]
+
+#: Suspended sessions remembered (the oldest are forgotten past this).
+_MAX_SUSPENDED = 20_000
+#: Outcomes queued for the next report.
+_MAX_QUEUED = 1024
+
+
+@dataclass(slots=True)
+class _Probe:
+    session: str
+    branch: str
+    suspended_at: float
+    ttl_s: float | None
+    resumed_at: float
+    first_lookup_end: int | None = None
+    loaded_blocks: int = 0
+
+
+class ResumeTracker:
+    def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
+        self._wall = wall_clock
+        #: Session -> (suspension time, wall clock; host timer given, seconds or None).
+        self._suspended: OrderedDict[str, tuple[float, float | None]] = OrderedDict()
+        self.outcomes: deque[ResumeOutcome] = deque(maxlen=_MAX_QUEUED)
+
+    def __len__(self) -> int:
+        return len(self._suspended)
+
+    def suspended(self, session: str, issued_at: float, ttl_s: float | None) -> None:
+        self._suspended[session] = (issued_at or self._wall(), ttl_s)
+        self._suspended.move_to_end(session)
+        while len(self._suspended) > _MAX_SUSPENDED:
+            self._suspended.popitem(last=False)
+
+    def forget(self, session: str) -> None:
+        self._suspended.pop(session, None)
+
+    def start(self, session: str | None, ctx: ReqContext) -> None:
+        """A request starts: if its session was suspended, this is the resume to classify."""
+        if session is None:
+            return
+        entry = self._suspended.pop(session, None)
+        if entry is None:
+            return
+        at, ttl = entry
+        ctx.set_state(_Probe(session, "retain" if ttl is None else "ttl", at, ttl, self._wall()))
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> None:
+        probe = ctx.get_state(_Probe)
+        if probe is None:
+            return
+        end = ctx.get_offload_key_position(key)
+        if end is not None and (probe.first_lookup_end is None or end < probe.first_lookup_end):
+            probe.first_lookup_end = end
+
+    def loaded(self, keys: Collection[OffloadKey], ctx: ReqContext) -> None:
+        probe = ctx.get_state(_Probe)
+        if probe is not None:
+            probe.loaded_blocks += len(keys)
+
+    def finish(self, ctx: ReqContext) -> None:
+        probe = ctx.get_state(_Probe)
+        if probe is None:
+            return
+        ctx._state.pop(_Probe, None)  # once per request
+        positions = sorted(set(ctx._offload_key_positions.values()))
+        if not positions:
+            return
+        block = positions[0]
+        prompt = positions[-1]
+        hbm = prompt if probe.first_lookup_end is None else max(0, probe.first_lookup_end - block)
+        host = min(prompt - hbm, probe.loaded_blocks * block)
+        computed = max(0, prompt - hbm - host)
+        outcome = max(
+            (("hbm", hbm), ("host", host), ("recomputed", computed)),
+            key=lambda item: item[1],
+        )[0]
+        wait = max(0.0, probe.resumed_at - probe.suspended_at)
+        held = wait if probe.ttl_s is None else min(wait, probe.ttl_s)
+        tenant = probe.session.split("/", 1)[0] if "/" in probe.session else ""
+        self.outcomes.append(
+            ResumeOutcome(
+                tenant=tenant,
+                branch=probe.branch,
+                outcome=outcome,
+                wait_s=wait,
+                host_held_s=held,
+                prompt_tokens=prompt,
+                hbm_tokens=hbm,
+                host_tokens=host,
+                computed_tokens=computed,
+            )
+        )
+
+    def drain(self, limit: int = 256) -> list[ResumeOutcome]:
+        out: list[ResumeOutcome] = []
+        while self.outcomes and len(out) < limit:
+            try:
+                out.append(self.outcomes.popleft())
+            except IndexError:
+                break
+        return out

@@ -1,0 +1,368 @@
+"""``tenure up``'s A/B: the slice, the sizing, the simulated arms, the live arms, the report.
+
+Order of work, so that bad input and an over-budget slice fail before anything starts: the
+flags are checked, the slice is cut and scaled (:mod:`service.live.workload`), the pool and
+host tier are sized by the pressure rule (:mod:`service.live.sizing`), both arms are simulated
+(their predicted duration is the budget check); then the arms run one after the other on the
+same arrival schedule, each on its own fresh Redis, sidecar and engine, started before the arm
+and stopped after it (the last one stays up with ``--keep-running``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.cli import UsageError
+
+__all__ = ["ENGINE_DEFAULTS", "configure_ab", "run_ab"]
+
+#: The engine both arms run (and ``tenure calibrate-profile`` measures).
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "block_tokens": 32,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 2048,
+    "max_model_len": 4096,
+}
+DEFAULT_TRACE = Path("../shared/traces/claude_code/sessions.jsonl.gz")
+#: What starting the two stacks costs on this machine (an engine ~35 s each, one after the
+#: other), for the budget check.
+STARTUP_ESTIMATE_S = 80.0
+#: The full run and ``--quick``: (sessions, max turns, arrival rate, time scale, gap cap,
+#: budget seconds), chosen for the wall-clock budget (two engine starts, 30-60 s each on this
+#: 2-core VM, then two arms in turn). The full run compresses the clock only 20x: at 60x the
+#: tool gaps (median 9 s -> 0.15 s) were shorter than a call's service on this engine, the
+#: engine saturated, and queueing, not the host tier, set the result (measured: the lru arm
+#: took 119 s where the simulator predicted 69 s, and computed twice the prompt tokens).
+#: ``--quick`` keeps 60x: with 4 sessions the engine is not saturated.
+FULL = (12, 16, 0.3, 20.0, 8.0, 300.0)
+QUICK = (4, 8, 1.0, 60.0, 4.0, 120.0)
+#: Time constants of the gate (seconds of agent time), divided by the clock's compression.
+_TIME_PARAMS = ("overdue_slack_s", "idle_fallback_s")
+
+
+#: When the command started (progress lines say the seconds since).
+_T0 = [time.perf_counter()]
+
+
+def _say(line: str) -> None:
+    print(f"tenure up [{time.perf_counter() - _T0[0]:4.0f} s]: {line}", flush=True)
+
+
+def configure_ab(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("the live A/B (default; --scripted runs the short demo)")
+    g.add_argument("--quick", action="store_true", help="a ~1-minute slice instead")
+    g.add_argument("--json", type=Path, default=None, help="write every figure here")
+    g.add_argument("--plot", type=Path, default=None, help="hit rate and TTFT over time (PNG)")
+    g.add_argument("--trace", type=Path, default=None, help=f"Claude Code trace ({DEFAULT_TRACE})")
+    g.add_argument("--sessions", type=int, default=None, help="root sessions in the slice")
+    g.add_argument("--first", type=int, default=0, help="first root session of the slice")
+    g.add_argument("--max-turns", type=int, default=None, help="calls per session (first N)")
+    g.add_argument(
+        "--time-scale", type=float, default=None, help="trace s per live s (20; quick 60)"
+    )
+    g.add_argument(
+        "--max-gap-s", type=float, default=None, help="cap of one gap, live s (8; quick 4)"
+    )
+    g.add_argument("--arrival-rate", type=float, default=None, help="sessions per live second")
+    g.add_argument("--seed", type=int, default=0, help="arrival schedule seed")
+    g.add_argument("--baseline", default="lru", help="the control arm's policy (lru)")
+    g.add_argument(
+        "--lru-impl", choices=("adapter", "stock"), default="adapter",
+        help="lru through Tenure's adapter (core lru, = vLLM's LRU) or vLLM's stock manager",
+    )  # fmt: skip
+    g.add_argument("--budget-s", type=float, default=None, help="refuse a longer slice")
+    g.add_argument("--keep-files", action="store_true", help="keep the work directory")
+    g.add_argument(
+        "--record", type=Path, default=None, metavar="PATH",
+        help="record the treatment arm's traffic in its sidecar; export it here (canonical)",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Plan:
+    sessions: int
+    max_turns: int
+    rate: float
+    time_scale: float
+    max_gap_s: float
+    budget_s: float
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    sessions, turns, rate, scale, gap, budget = QUICK if args.quick else FULL
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    plan = _Plan(
+        pick(args.sessions, sessions),
+        pick(args.max_turns, turns),
+        pick(args.arrival_rate, rate),
+        pick(args.time_scale, scale),
+        pick(args.max_gap_s, gap),
+        pick(args.budget_s, budget),
+    )
+    if not (plan.rate > 0 and math.isfinite(plan.rate)):
+        raise UsageError("--arrival-rate must be a positive number")
+    if not (plan.budget_s > 0 and math.isfinite(plan.budget_s)):
+        raise UsageError("--budget-s must be a positive number")
+    return plan
+
+
+def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
+    from service.policy import policy_class
+
+    defaults = policy_class(policy).defaults
+    return {k: defaults[k] / time_scale for k in _TIME_PARAMS if k in defaults}
+
+
+def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
+    from service.live import report
+    from service.live.simulated import run_simulated
+    from service.live.sizing import size_for
+    from service.live.workload import SliceSpec, arrival_schedule, build_workload, engine_trace
+    from service.policy import UnknownPolicyError, policy_class
+    from service.replay.hardware import get_profile
+    from service.replay.loaders import load_trace
+
+    arms = [args.baseline, args.policy]
+    for name in arms:
+        try:
+            policy_class(name)
+        except UnknownPolicyError as exc:
+            raise UsageError(str(exc)) from None
+    if arms[0] == arms[1]:
+        raise UsageError(f"--policy and --baseline are both {arms[0]!r}")
+    for out in (args.json, args.plot, args.record):
+        if out is not None and not out.parent.is_dir():
+            raise UsageError(f"{out}: the directory {out.parent} does not exist")
+    plan = _plan(args)
+    trace_path = args.trace or DEFAULT_TRACE
+    if not trace_path.is_file():
+        raise UsageError(f"{trace_path}: no such trace file (pass --trace)")
+    spec = SliceSpec(
+        trace_path,
+        sessions=plan.sessions,
+        first=args.first,
+        max_turns=plan.max_turns,
+        time_scale=plan.time_scale,
+        max_gap_s=plan.max_gap_s,
+        max_prompt_tokens=ENGINE_DEFAULTS["max_model_len"] - 32,
+    )
+    started = _T0[0] = time.perf_counter()
+    trace = load_trace(trace_path, "claude-code")
+    work = build_workload(trace, spec)
+    etrace = engine_trace(work, ENGINE_DEFAULTS["block_tokens"])
+    profile = get_profile("cpu-tiny-fp32")
+    sizing = size_for(
+        etrace, profile, arrival_rate=plan.rate, seed=args.seed,
+        max_num_seqs=ENGINE_DEFAULTS["max_num_seqs"],
+    )  # fmt: skip
+    _say(f"slice: {work.describe()}; {plan.rate:g} sessions/s (seed {args.seed})")
+    _say(f"sizing: {sizing.describe()}")
+    params = {name: _policy_params(name, plan.time_scale) for name in arms}
+    sims = {
+        name: run_simulated(
+            etrace,
+            name,
+            profile,
+            gpu_blocks=sizing.gpu_blocks,
+            host_blocks=sizing.host_blocks,
+            arrival_rate=plan.rate,
+            seed=args.seed,
+            policy_params=params[name],
+        )
+        for name in arms
+    }
+    predicted = sum(r.last_completion_s for r in sims.values()) + STARTUP_ESTIMATE_S
+    if predicted > plan.budget_s:
+        raise UsageError(
+            f"the slice is larger than the time budget: both arms are predicted to take "
+            f"{predicted:.0f} s with start-up (budget {plan.budget_s:.0f} s; fewer --sessions "
+            "or --max-turns, a larger --time-scale, or --budget-s)"
+        )
+    simulated = {name: report.simulated_arm(run, etrace) for name, run in sims.items()}
+    _say(
+        "simulated (CPU profile): "
+        + "; ".join(
+            f"{n} host-tier hit rate {a['host_hit_rate']:.1%}, "
+            f"{a['prompt_tokens_computed']:,} prompt tokens computed"
+            for n, a in simulated.items()
+        )
+    )
+    schedule = arrival_schedule(etrace.roots, plan.rate, args.seed)
+    own_workdir = workdir is None
+    root = workdir or Path(tempfile.mkdtemp(prefix="tenure-up-"))
+    stacks: list[Any] = []
+    keep = True
+    try:
+        results, stacks = _run_arms(args, arms, params, sizing, cache, root, work, etrace, schedule)
+        live = {name: report.live_arm(results[name], etrace) for name in arms}
+        print()
+        print(report.table(live, simulated))
+        delta = report.paired_delta(results[arms[1]], results[arms[0]])
+        print()
+        for key in ("mean_jct_s", "mean_resumed_ttft_s"):
+            if key in delta:
+                d, lo, hi = delta[key]
+                _say(
+                    f"paired per-call {key[5:]} ({arms[1]} - {arms[0]}): {d * 1e3:+.1f} ms "
+                    f"[95% CI {lo * 1e3:+.1f}, {hi * 1e3:+.1f}] over {delta['paired_calls']} "
+                    "calls"
+                )
+        where = "" if args.keep_files or not own_workdir else " (removed at exit; --keep-files)"
+        for name in arms:
+            _say(f"{name}: logs in {results[name].logs}{where}")
+        doc = {
+            "config": {
+                "trace": str(trace_path),
+                "slice": work.describe(),
+                "sessions": len(work.roots),
+                "sub_agents": len(work.sessions) - len(work.roots),
+                "calls": work.turns,
+                "first": args.first,
+                "max_turns": plan.max_turns,
+                "time_scale": plan.time_scale,
+                "max_gap_s": plan.max_gap_s,
+                "tokens_per_trace_block": spec.tokens_per_block,
+                "arrival_rate": plan.rate,
+                "seed": args.seed,
+                "engine": {
+                    **ENGINE_DEFAULTS,
+                    "dtype": "float32",
+                    "gpu_blocks": sizing.gpu_blocks,
+                    "host_blocks": sizing.host_blocks,
+                },
+                "sizing": sizing.to_dict(),
+                "lru_impl": args.lru_impl,
+                "policy_params": params,
+                "profile": profile.name,
+                "wall_s": time.perf_counter() - started,
+                "stacks": {
+                    name: {
+                        "proxy": results[name].proxy_url,
+                        "engine": results[name].engine_url,
+                        "logs": str(results[name].logs),
+                    }
+                    for name in arms
+                },
+            },
+            "arms": live,
+            "simulated": simulated,
+            "paired_delta": delta,
+            "series": {
+                name: [
+                    {
+                        "t": p.t,
+                        "turns": p.turns,
+                        "host_hit_rate": p.host_hit_rate,
+                        "computed": p.computed,
+                    }
+                    for p in results[name].series
+                ]
+                for name in arms
+            },
+            "calls": {name: [r.to_dict() for r in results[name].records] for name in arms},
+        }
+        if args.json is not None:
+            report.write_json(args.json, doc)
+            _say(f"wrote {args.json}")
+        if args.plot is not None:
+            report.plot_ab(results, args.plot, work.describe())
+            _say(f"wrote {args.plot}")
+        keep = args.keep_files or not own_workdir
+        if args.keep_running and stacks:
+            from service.live.keep import serve_until_interrupted
+
+            code: int = serve_until_interrupted(stacks[-1], root, _say)
+            return code
+        return 0
+    finally:
+        for stack in stacks:
+            stack.stop()
+        if keep:
+            _say(f"kept {root} (logs, Redis data)")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_arms(
+    args: argparse.Namespace,
+    arms: list[str],
+    params: dict[str, dict[str, float]],
+    sizing: Any,
+    cache: Path,
+    root: Path,
+    work: Any,
+    etrace: Any,
+    schedule: list[tuple[float, int]],
+) -> tuple[dict[str, Any], list[Any]]:
+    """Per arm: start its fresh stack, run the arm, stop the stack (the last one stays up with
+    ``--keep-running``)."""
+    from service.live.arm import run_arm
+    from service.live.stack import ABStack, ABStackConfig
+
+    stacks: dict[str, ABStack] = {}
+    for i, name in enumerate(arms):
+        keep = args.keep_running and i == len(arms) - 1
+        config = ABStackConfig(
+            workdir=root / name,
+            model_cache=cache / "models",
+            policy=name,
+            proxy_port=args.port if keep else 0,
+            gpu_blocks=sizing.gpu_blocks,
+            host_blocks=sizing.host_blocks,
+            lru_impl=args.lru_impl,
+            policy_params=params[name],
+            sidecar_env=(
+                {"TENURE_RECORD_ENABLED": "true"}
+                if args.record is not None and i == len(arms) - 1
+                else {}
+            ),
+            **{
+                **ENGINE_DEFAULTS,
+                # vLLM refuses a max_model_len its pool cannot hold (one block is its null
+                # block).
+                "max_model_len": min(
+                    ENGINE_DEFAULTS["max_model_len"],
+                    (sizing.gpu_blocks - 1) * ENGINE_DEFAULTS["block_tokens"],
+                ),
+            },
+        )
+        stacks[name] = ABStack(config, progress=lambda line, n=name: _say(f"[{n}] {line}"))
+    # One engine at a time: an idle CPU vLLM worker beside a running one was measured spinning
+    # a whole core (one of this VM's two), which slowed the first arm ~10x and would hand
+    # the second arm a quieter machine than the first.
+    results = {}
+    for i, name in enumerate(arms):
+        stack = stacks[name]
+        try:
+            stack.start()
+            results[name] = run_arm(stack, work, etrace, schedule, _say)
+            if args.record is not None and i == len(arms) - 1:
+                _export_recording(stack, args.record, etrace.block_tokens)
+        except BaseException:
+            stack.stop()
+            raise
+        if not (args.keep_running and i == len(arms) - 1):
+            stack.stop()
+    return results, [stacks[arms[-1]]] if args.keep_running else []
+
+
+def _export_recording(stack: Any, out: Path, block_tokens: int) -> None:
+    """The treatment arm's recorded traffic, exported through its sidecar's admin REST."""
+    import urllib.request
+
+    url = f"{stack.proxy_url}/admin/record/export?block_tokens={block_tokens}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        text = response.read().decode()
+    out.write_text(text, encoding="utf-8")
+    _say(f"recorded the {stack.config.policy} arm's traffic: {out} ({text.count(chr(10)) - 1} "
+         "sessions, canonical format)")  # fmt: skip

@@ -1,0 +1,162 @@
+"""The A/B's stack: :class:`~service.stack.LocalStack` with the engine the slice needs.
+
+Beside the local stack's own engine it sets the KV block size of the scaled trace, the pool and
+host tier the sizing rule chose, the batch limits the simulator's CPU profile assumes, the tool
+parser that lets ``tool_choice="required"`` run (vLLM refuses it without one; ``pythonic``
+parses vLLM's own JSON-schema-constrained output, never the model's free text here), and the
+host-tier policy of the arm:
+
+* ``tenure`` (and every core policy): Tenure's manager and the core policy by name
+  (``TenureCPUOffloadingSpec``), the push channel from the sidecar;
+* ``lru`` with ``lru_impl="adapter"`` (the default): the core's ``lru`` behind the same manager
+  (``tenure-lru``), which the differential test holds to vLLM's ``LRUCachePolicy`` block for
+  block, so both arms run one code path and report the same counters;
+* ``lru`` with ``lru_impl="stock"``: vLLM's own ``CPUOffloadingManager`` + ``LRUCachePolicy``
+  (``CPUHostOffloadingSpec``), no Tenure code in the engine; it counts no evictions or
+  refusals of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.stack import LocalStack, StackConfig
+
+__all__ = ["DTYPE", "ABStack", "ABStackConfig", "kv_bytes_per_block"]
+
+#: The tiny model's KV shape (engine_adapter.testing.tiny_model): 2 layers, 4 KV heads x 64.
+_LAYERS = 2
+_KV_WIDTH = 256
+#: The A/B's engine computes in float32: this CPU has AVX2 but no AVX-512 BF16, and float32
+#: measured 2-3x faster than bfloat16 here (prefill and decode both).
+DTYPE = "float32"
+_DTYPE_BYTES = 4
+
+
+def kv_bytes_per_block(block_tokens: int) -> int:
+    """KV bytes of one engine block of the tiny model (K and V, every layer)."""
+    return 2 * _LAYERS * block_tokens * _KV_WIDTH * _DTYPE_BYTES
+
+
+@dataclass
+class ABStackConfig(StackConfig):
+    block_tokens: int = 32
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    lru_impl: str = "adapter"
+    #: Core policy parameters for the adapter (the time constants of a compressed clock).
+    policy_params: dict[str, float] = field(default_factory=dict)
+    #: Extra ``TENURE_*`` settings of the sidecar (e.g. recording).
+    sidecar_env: dict[str, str] = field(default_factory=dict)
+
+
+class ABStack(LocalStack):
+    config: ABStackConfig
+
+    def __init__(self, config: ABStackConfig, progress: Any = None) -> None:
+        super().__init__(config, progress)
+
+    def engine_transfer_config(self) -> dict[str, Any]:
+        cfg = self.config
+        extra: dict[str, Any] = {
+            "cpu_bytes_to_use": cfg.host_blocks * kv_bytes_per_block(cfg.block_tokens),
+        }
+        if cfg.policy == "lru" and cfg.lru_impl == "stock":
+            extra.update(eviction_policy="lru", spec_name="CPUHostOffloadingSpec")
+        else:
+            from engine_adapter.policies import vllm_name_for
+
+            extra.update(
+                eviction_policy=vllm_name_for(cfg.policy),
+                spec_name="TenureCPUOffloadingSpec",
+                tenure_push_addr=self.push_addr,
+                tenure_report_interval_s=cfg.report_interval_s,
+                tenure_hello_interval_s=cfg.hello_interval_s,
+            )
+            if cfg.policy_params:
+                extra["tenure_policy_params"] = dict(cfg.policy_params)
+        return {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        }
+
+    def engine_argv(self) -> list[str]:
+        cfg = self.config
+        assert self.model_path is not None
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_path),
+            "--host", "127.0.0.1",
+            "--port", str(cfg.engine_port),
+            "--dtype", DTYPE,
+            "--max-model-len", str(cfg.max_model_len),
+            "--max-num-seqs", str(cfg.max_num_seqs),
+            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+            "--enforce-eager",
+            "--block-size", str(cfg.block_tokens),
+            "--num-gpu-blocks-override", str(cfg.gpu_blocks),
+            "--served-model-name", "tiny",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser", "pythonic",
+            "--uvicorn-log-level", "warning",
+            "--kv-transfer-config", json.dumps(self.engine_transfer_config()),
+        ]  # fmt: skip
+
+    def start_engine(self) -> None:
+        from engine_adapter.testing.engine import CPU_ENGINE_ENV
+        from service.stack import ManagedProcess, http_ok
+
+        if self.model_path is None:
+            self.ensure_model()
+        self.progress(
+            f"starting vLLM (CPU) on {self.engine_url}: host tier {self.config.policy}, "
+            f"pool {self.config.gpu_blocks} + host {self.config.host_blocks} blocks of "
+            f"{self.config.block_tokens} tokens"
+        )
+        env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+        self.engine = ManagedProcess("vllm", self.engine_argv(), self.logs / "vllm.log", env=env)
+        self.engine.start().wait_until(
+            lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
+        )
+
+    def start_sidecar(self) -> None:
+        from service.stack import TENURE_ARGV, ManagedProcess, http_ok
+
+        self.progress(f"starting the Tenure sidecar on {self.proxy_url}")
+        env = {
+            "TENURE_REDIS_URL": self.redis_url,
+            "TENURE_UPSTREAM_URL": self.engine_url,
+            "TENURE_PUSH_ADDR": self.push_addr,
+            "TENURE_PUSH_SNAPSHOT_INTERVAL_S": str(self.config.snapshot_interval_s),
+            "TENURE_DEV_MODE": "true",
+            **self.config.sidecar_env,
+        }
+        argv = [*TENURE_ARGV, "serve", "--dev"]
+        argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
+        self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
+        self.sidecar.start().wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)
+
+    def start(self) -> ABStack:
+        self.config.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.config.external_redis_url:
+                self.start_redis()
+            self.ensure_model()
+            self.start_sidecar()
+            self.start_engine()
+            if self.uses_adapter:
+                self.wait_for_adapter()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def uses_adapter(self) -> bool:
+        return not (self.config.policy == "lru" and self.config.lru_impl == "stock")
