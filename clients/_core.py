@@ -79,13 +79,17 @@ def _check_seconds(value: float | None, what: str) -> float | None:
     return seconds
 
 
-def lifecycle_base_url(openai_base_url: object) -> str:
+def lifecycle_base_url(openai_base_url: object, *, anthropic: bool = False) -> str:
     """The URL that lifecycle paths hang off: the OpenAI client's ``base_url`` (ends in ``/v1``).
 
     The sidecar serves ``/v1/sessions/...`` beside ``/v1/chat/completions``, so the harness
-    configures one URL and the SDK derives the rest.
+    configures one URL and the SDK derives the rest. An Anthropic client's ``base_url`` is the
+    server's root (it adds ``/v1/messages`` itself), so ``/v1`` is added here.
     """
-    return str(openai_base_url).rstrip("/")
+    url = str(openai_base_url).rstrip("/")
+    if anthropic and not url.endswith("/v1"):
+        url += "/v1"
+    return url
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,6 +273,8 @@ def create_app(
         app.fast_routes = {
             "/v1/chat/completions": proxy.chat_completions,
             "/v1/completions": proxy.completions,
+            "/v1/messages": proxy.messages,
+            "/v1/responses": proxy.responses,
         }
 
         stopping = asyncio.Event()
@@ -364,13 +366,26 @@ def create_app(
     async def passthrough(request: Request) -> Response:
         return await proxy_of(request).passthrough(request)
 
+    async def messages(request: Request) -> Response:
+        return await proxy_of(request).messages(request)
+
+    async def responses(request: Request) -> Response:
+        return await proxy_of(request).responses(request)
+
     # Plain Starlette routes (not FastAPI's): the proxy takes the raw request and returns a raw
     # response, so FastAPI's dependency solving and serialisation would be pure overhead.
     # POSTs to the two hot routes never reach the router (SidecarApp.fast_routes); the routes
     # stay registered for the schema and for other methods (405).
-    app.fast_routes = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
+    app.fast_routes = {
+        "/v1/chat/completions": chat_completions,
+        "/v1/completions": completions,
+        "/v1/messages": messages,
+        "/v1/responses": responses,
+    }
     app.router.routes.insert(0, Route("/v1/chat/completions", chat_completions, methods=["POST"]))
     app.router.routes.insert(1, Route("/v1/completions", completions, methods=["POST"]))
+    app.router.routes.insert(2, Route("/v1/messages", messages, methods=["POST"]))
+    app.router.routes.insert(3, Route("/v1/responses", responses, methods=["POST"]))
     # Last, so /v1/sessions/... is matched by the lifecycle routes first.
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]

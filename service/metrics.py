@@ -120,6 +120,14 @@ class Metrics:
             "tenure_hint_rejections", "Requests refused for malformed hints", ["field"],
             registry=r,
         )  # fmt: skip
+        # Labels come from service.api.dialects.DIALECT_FIELDS only (a fixed set).
+        self.dialect_fields = Counter(
+            "tenure_dialect_fields",
+            "Hint fields of other stacks' dialects: used, overridden by a higher source, "
+            "ignored (malformed) or unknown",
+            ["dialect", "field", "outcome"],
+            registry=r,
+        )
         self.gap_observed = Histogram(
             "tenure_gap_observed_seconds", "Observed idle gaps between turns, by stop class",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,

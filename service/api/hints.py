@@ -78,6 +78,10 @@ class Hints:
     expected_gap_s: float | None = None
     segment: str | None = None
     parent: str | None = None
+    #: How long the harness asks the session's prefix to be kept (a ``cache_control`` TTL,
+    #: from a route's own field or a dialect); forwarded as ``retention_s``. Not a session
+    #: hint on its own (see ``any``): a request that only carries it stays untracked.
+    retention_s: float | None = None
 
     @property
     def any(self) -> bool:

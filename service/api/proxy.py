@@ -23,6 +23,8 @@ tenant's session to the engine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import re
 import time
@@ -34,12 +36,15 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from service.api import decisions
-from service.api.errors import openai_error
+from service.api import decisions, dialects
+from service.api.errors import openai_error, unavailable
 from service.api.hints import HintError, Hints, parse_hints
 from service.api.inference import prefix_digests
+from service.api.messages import MessagesShape
 from service.api.paths import PathRefused, check_passthrough_path
 from service.api.recorder import PendingTurn, Recorder
+from service.api.responses import ResponsesShape, stored_response_id
+from service.api.route_shape import RouteInputError, RouteShape
 from service.api.runtime import Runtime
 from service.api.tenants import TenantResolver
 from service.api.turns import TurnForecasts
@@ -58,6 +63,7 @@ from service.api.upstream_client import UpstreamClient, UpstreamError, UpstreamR
 from service.metrics import Metrics
 from service.policy import lifecycle, stop_class
 from service.settings import Settings, TenantSpec
+from service.state import aliases
 from service.state.breaker import StateUnavailable
 from service.state.keys import scoped_session_id
 from service.state.store import StateStore, TurnStart
@@ -113,6 +119,12 @@ class _Turn:
     counting: asyncio.Task[TurnStart | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
+    #: The route's shape (None: chat and completions, scanned by ``scan`` below).
+    shape: RouteShape | None = None
+    #: The answer's own id where the API has one (``/v1/responses``), for chaining.
+    answer_id: str | None = None
+    #: The shape's typed reading of the request (``Prepared.info``).
+    info: Any = None
     #: While recording (service.api.recorder): the request side, and the answer's usage.
     record: PendingTurn | None = None
     usage: dict[str, int] | None = None
@@ -178,8 +190,12 @@ class Proxy:
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
-            for route in ("chat", "completions", "passthrough")
+            for route in ("chat", "completions", "passthrough", "messages", "responses")
         }
+        self._dialect_events: dict[tuple[str, str, str], Any] = {}
+        self._answers_pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._messages = MessagesShape()
+        self._responses = ResponsesShape()
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -189,15 +205,38 @@ class Proxy:
     async def completions(self, request: Request) -> Response:
         return await self._completion(request, "completions", "/v1/completions")
 
+    async def messages(self, request: Request) -> Response:
+        return await self.tracked(request, self._messages)
+
+    async def responses(self, request: Request) -> Response:
+        return await self.tracked(request, self._responses)
+
     async def passthrough(self, request: Request) -> Response:
         started = time.perf_counter()
-        tenant = self.tenants.resolve(request.headers.get("authorization"))
+        authorization = request.headers.get("authorization")
+        if authorization is None and "x-api-key" in request.headers:
+            authorization = f"Bearer {request.headers['x-api-key']}"  # Anthropic clients
+        tenant = self.tenants.resolve(authorization)
         if tenant is None:
             return self._done("passthrough", _unauthorized(), started)
         try:
             check_passthrough_path(request.scope)
         except PathRefused as exc:
             return self._done("passthrough", exc.response, started)
+        answer_id = stored_response_id(request.url.path)
+        if answer_id is not None:
+            # vLLM serves stored responses to any caller: only the tenant whose request
+            # produced one may read or cancel it.
+            try:
+                owned = await aliases.resolve(self.store, tenant.name, answer_id)
+            except StateUnavailable as exc:
+                self.metrics.fail_open.inc()
+                return self._done("passthrough", unavailable(exc.retry_after_s), started)
+            if owned is None:
+                response = openai_error(
+                    404, f"response {answer_id[:128]!r} not found", code="not_found"
+                )
+                return self._done("passthrough", response, started)
         try:
             body = await self._read_body(request, request.headers.get("content-length"))
         except _TooLarge:
@@ -216,6 +255,116 @@ class Proxy:
         return await self._forward(
             request, "passthrough", request.method, path, body, None, started
         )
+
+    async def tracked(self, request: Request, shape: RouteShape) -> Response:
+        """A tracked route other than chat (``/v1/messages``, ``/v1/responses``): the chat
+        path's lifecycle with the route's own session keys, scanners and error format."""
+        started = time.perf_counter()
+        route = shape.name
+        headers = _wanted_headers(request.scope["headers"])
+        authorization = headers.get("authorization")
+        if authorization is None and "x-api-key" in headers:
+            # The Anthropic clients send their key as x-api-key.
+            authorization = f"Bearer {headers['x-api-key']}"
+        tenant = self.tenants.resolve(authorization)
+        if tenant is None:
+            return self._done(route, _unauthorized(shape), started)
+        try:
+            body = await self._read_body(request, headers.get("content-length"))
+        except _TooLarge:
+            self.metrics.hint_rejections.labels("body").inc()
+            message = f"request body is larger than {self.settings.max_body_bytes} bytes"
+            response = shape.error(413, message, param="body", code="body_too_large")
+            return self._done(route, response, started)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        try:
+            payload = _decode_json(body)
+        except (msgspec.DecodeError, RecursionError):
+            payload = _NOT_JSON
+        if not isinstance(payload, dict):
+            self.metrics.hint_rejections.labels("body").inc()
+            message = _bad_body_message(_BadBody(payload is _NOT_JSON))
+            response = shape.error(400, message, param="body", code="invalid_body")
+            return self._done(route, response, started)
+        turn: _Turn | None = None
+        try:
+            hints = parse_hints(headers, payload.pop("tenure", None))
+            if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
+                raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
+            prepared = shape.prepare(payload, headers)
+            native = prepared.native
+            if prepared.chain is not None:
+                # Checked even when another key names the session: the engine would chain
+                # to the stored answer whatever the session is called.
+                chained = await self._chained(tenant, prepared.chain)
+                native = dataclasses.replace(native, session=native.session or chained)
+            hints = self._with_dialects(hints, headers, payload, native)
+            if hints.session is None and prepared.new_session is not None:
+                hints = dataclasses.replace(hints, session=prepared.new_session)
+            _drop_client_tenure(payload)
+            digests: list[str] = []
+            if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
+                digests = prepared.infer()
+            turn = await self._start_turn(route, tenant, hints, payload, digests)
+            if turn is not None:
+                turn.shape = shape
+                turn.info = prepared.info
+            body = self._rewrite(payload, turn, hints)
+        except HintError as exc:
+            self.metrics.hint_rejections.labels(exc.label).inc()
+            response = shape.error(400, exc.message, param=exc.param, code="invalid_tenure_hint")
+            return self._done(route, response, started)
+        except RouteInputError as exc:
+            self.metrics.hint_rejections.labels("body").inc()
+            response = shape.error(exc.status, exc.message, param=exc.param, code=exc.code)
+            return self._done(route, response, started)
+        except StateUnavailable as exc:
+            # Only a chained request gets here: its chain cannot be checked without Redis,
+            # and forwarding it unchecked could reach another tenant's stored response.
+            self.metrics.fail_open.inc()
+            response = shape.error(
+                503, "session state is temporarily unavailable; retry later",
+                code="state_unavailable",
+            )  # fmt: skip
+            response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
+            return self._done(route, response, started)
+        except RecursionError:
+            self._finish_turn(turn, FAILED)
+            self.metrics.hint_rejections.labels("body").inc()
+            message = _bad_body_message(_BadBody(True))
+            response = shape.error(400, message, param="body", code="invalid_body")
+            return self._done(route, response, started)
+        return await self._forward(request, route, "POST", shape.path, body, turn, started, shape)
+
+    def _with_dialects(
+        self,
+        hints: Hints,
+        headers: dict[str, str],
+        payload: dict[str, Any],
+        native: dialects.Found,
+    ) -> Hints:
+        merged, events = dialects.apply(hints, dialects.read(headers, payload, native))
+        for event in events:
+            counter = self._dialect_events.get(event)
+            if counter is None:
+                counter = self._dialect_events[event] = self.metrics.dialect_fields.labels(*event)
+            counter.inc()
+        return merged
+
+    async def _chained(self, tenant: TenantSpec, answer_id: str) -> str:
+        """The session of the answer a request continues, within this tenant only."""
+        pending = self._answers_pending.get((tenant.name, answer_id))
+        if pending is not None:
+            await asyncio.wait({pending}, timeout=2.0)
+        session = await aliases.resolve(self.store, tenant.name, answer_id)
+        if session is None:
+            raise RouteInputError(
+                "previous_response_id",
+                f"previous response {answer_id[:128]!r} not found",
+                code="previous_response_not_found",
+            )
+        return session
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait for pending end-of-turn writes (shutdown)."""
@@ -253,6 +402,10 @@ class Proxy:
             if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
                 # Checked before any state is written: a refused request leaves no trace.
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
+            if dialects.has_dialect_headers(headers) or any(
+                key in payload for key in dialects.DIALECT_BODY_KEYS
+            ):
+                hints = self._with_dialects(hints, headers, payload, dialects.NOTHING)
             dropped = _drop_client_tenure(payload)  # the key is the sidecar's alone
             turn = await self._start_turn(route, tenant, hints, payload)
             if turn is not None and self.recorder is not None:
@@ -273,19 +426,28 @@ class Proxy:
         return await self._forward(request, route, "POST", path, body, turn, started)
 
     async def _start_turn(
-        self, route: str, tenant: TenantSpec, hints: Hints, payload: Any
+        self,
+        route: str,
+        tenant: TenantSpec,
+        hints: Hints,
+        payload: Any,
+        digests: list[str] | None = None,
     ) -> _Turn | None:
-        digests: list[str] = []
-        if hints.session is None:
+        if digests is not None:
+            # A shape's own prefix digests (its message format is not chat's).
+            digests = digests if hints.session is None and tenant.infer_sessions else []
+        else:
+            digests = []
+        if hints.session is None and route in ("chat", "completions"):
             messages = payload.get("messages") if isinstance(payload, dict) else None
             if route == "chat" and tenant.infer_sessions and isinstance(messages, list):
                 digests = prefix_digests(payload.get("model"), messages)
-            if not digests:
-                if hints.any:
-                    raise HintError(
-                        "X-Tenure-Session", "tenure hints need a session id (X-Tenure-Session)"
-                    )
-                return None  # no hints, nothing to infer: plain pass-through
+        if hints.session is None and not digests:
+            if hints.any:
+                raise HintError(
+                    "X-Tenure-Session", "tenure hints need a session id (X-Tenure-Session)"
+                )
+            return None  # no hints, nothing to infer: plain pass-through
         now = self.clock()
         forecast: int | None = None
         forecasting = (
@@ -385,6 +547,8 @@ class Proxy:
                 tenure["parent"] = scoped_session_id(turn.tenant, hints.parent)
             if hints.expected_gap_s is not None:
                 tenure["expected_gap_s"] = hints.expected_gap_s
+            if hints.retention_s is not None:
+                tenure["retention_s"] = hints.retention_s
             if turn.turn == 0:
                 tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
             kv["tenure"] = tenure
@@ -402,6 +566,7 @@ class Proxy:
         body: bytes,
         turn: _Turn | None,
         started: float,
+        shape: RouteShape | None = None,
     ) -> Response:
         headers_out = forward_headers(
             request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
@@ -426,6 +591,9 @@ class Proxy:
             return Response(status_code=499)
         except UpstreamError as exc:
             response, kind = upstream_failure(exc)
+            if shape is not None:
+                message = msgspec.json.decode(response.body)["error"]["message"]
+                response = shape.error(response.status_code, message, code=kind)
             self.metrics.upstream_errors.labels(kind).inc()
             self._count(route, response.status_code, overhead, time.perf_counter())
             # The upstream never took the turn: take it back (the session must not stay
@@ -440,14 +608,21 @@ class Proxy:
 
             def sent() -> None:
                 # After the answer left: none of this is the client's wait.
-                if turn is not None and status < 400:
-                    _scan_completion(turn, content, encoding)
+                if turn is not None and status < 400 and not encoding:
+                    if turn.shape is not None:
+                        turn.shape.scan_body(turn, content)
+                    else:
+                        _scan_completion(turn, content, encoding)
                 self._finish_turn(turn, OK if status < 400 else FAILED)
                 self._count(route, status, overhead, resumed)
 
             return ProxiedResponse(content, status, headers, on_sent=sent)
 
-        on_chunk = turn.scan if turn is not None and status < 400 else None
+        on_chunk: Callable[[bytes], None] | None = None
+        if turn is not None and status < 400:
+            on_chunk = (
+                turn.scan if turn.shape is None else functools.partial(turn.shape.scan_chunk, turn)
+            )
 
         def on_complete(outcome: str, error: UpstreamError | None) -> None:
             if outcome == STREAM_UPSTREAM_CUT and error is not None:
@@ -466,6 +641,7 @@ class Proxy:
             headers=headers,
             on_chunk=on_chunk,
             on_complete=on_complete,
+            error_event=shape.stream_error if shape is not None else None,
         )
 
     # --- end of turn -------------------------------------------------------------------------
@@ -476,6 +652,11 @@ class Proxy:
         task = self._loop.create_task(self._record_turn_end(turn, outcome))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        if turn.answer_id is not None and outcome != FAILED:
+            # A client may chain to this answer before its record is written: see _chained.
+            key = (turn.tenant, turn.answer_id)
+            self._answers_pending[key] = task
+            task.add_done_callback(lambda _t: self._answers_pending.pop(key, None))
 
     async def _record_turn_end(self, turn: _Turn, outcome: str) -> None:
         start = turn.start
@@ -540,12 +721,26 @@ class Proxy:
         except Exception:  # a bug here must not take the event loop's task down silently
             log.exception("recording the end of a turn failed")
             return
+        if turn.answer_id is not None:
+            await self._remember_answer(turn, start.session)
         if status == 1:
             decisions.count(self.metrics, decision)
             if decision.expected_gap_s is not None:
                 self.metrics.gap_predicted.labels(stop_class(turn.stop_reason)).observe(
                     decision.expected_gap_s
                 )
+
+    async def _remember_answer(self, turn: _Turn, session: str) -> None:
+        """Let a later request chain to this answer (``previous_response_id``)."""
+        assert turn.answer_id is not None
+        try:
+            await aliases.remember(
+                self.store, turn.tenant, turn.answer_id, session, self.settings.session_ttl_s
+            )
+        except StateUnavailable:
+            return
+        except Exception:
+            log.exception("recording an answer's session failed")
 
     async def _take_back(self, turn: _Turn, start: TurnStart) -> None:
         try:
@@ -651,13 +846,16 @@ class _BadBody(Exception):
 _NOT_JSON: Any = object()
 
 
-def _bad_body(exc: _BadBody) -> Response:
-    message = (
+def _bad_body_message(exc: _BadBody) -> str:
+    return (
         "the request body is not valid UTF-8 JSON, or is nested too deep"
         if exc.undecodable
         else "the request body must be a JSON object"
     )
-    return openai_error(400, message, param="body", code="invalid_body")
+
+
+def _bad_body(exc: _BadBody) -> Response:
+    return openai_error(400, _bad_body_message(exc), param="body", code="invalid_body")
 
 
 def _drop_client_tenure(payload: dict[str, Any]) -> bool:
@@ -739,10 +937,19 @@ def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return found
 
 
-_READ_HEADERS = frozenset({b"authorization", b"content-length"})
+_READ_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"content-length",
+        b"x-api-key",
+        *(h.encode() for h in dialects.DIALECT_HEADERS),
+    }
+)
 
 
-def _unauthorized() -> Response:
+def _unauthorized(shape: RouteShape | None = None) -> Response:
+    if shape is not None:
+        return shape.error(401, "unknown or missing API key", code="invalid_api_key")
     return openai_error(
         401, "unknown or missing API key", type_="invalid_request_error", code="invalid_api_key"
     )

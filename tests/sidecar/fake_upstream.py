@@ -48,6 +48,8 @@ class FakeUpstream:
     slow_s: float = 3.0
     received: list[Received] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Responses answered so far (their ids are ``resp_<n>``).
+    responses: int = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,6 +71,14 @@ class FakeUpstream:
             await _json(send, 200, {"object": "list", "data": [{"id": "echo"}]})
             return
         model = body.get("model", "echo") if isinstance(body, dict) else "echo"
+        if scope["path"] in ("/v1/messages", "/v1/responses") and model not in _SPECIAL_MODELS:
+            streamed = isinstance(body, dict) and bool(body.get("stream"))
+            if scope["path"] == "/v1/messages":
+                await _anthropic(send, model, streamed)
+            else:
+                self.responses += 1
+                await _responses(send, model, streamed, f"resp_{self.responses:06d}")
+            return
         if model == "error":
             await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})
             return
@@ -135,6 +145,109 @@ class FakeUpstream:
             tail = {"choices": [], "usage": usage}
             await send({"type": "http.response.body", "body": _sse(tail), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+_SPECIAL_MODELS = frozenset({"error", "missing", "die", "hang", "slow"})
+#: Anthropic stop reason by model name on /v1/messages (default end_turn).
+_ANTHROPIC_STOPS = {"tool": "tool_use", "pause": "pause_turn", "long": "max_tokens"}
+
+
+async def _start(send: Send, content_type: bytes) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]}
+    )
+
+
+async def _events(send: Send, events: list[tuple[str, Any]]) -> None:
+    """Server-sent events with ``event:`` lines (the Anthropic and Responses wire format)."""
+    await _start(send, b"text/event-stream")
+    for name, data in events:
+        chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _anthropic(send: Send, model: str, stream: bool) -> None:
+    """An Anthropic Messages answer (vLLM's /v1/messages), whole or as its event stream."""
+    stop = _ANTHROPIC_STOPS.get(model, "end_turn")
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": "hi"}]
+    if stop == "tool_use":
+        blocks.append({"type": "tool_use", "id": "toolu_1", "name": "run_tests", "input": {}})
+    usage = {"input_tokens": 5, "output_tokens": 3}
+    message = {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": model,
+        "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage,
+    }  # fmt: skip
+    if not stream:
+        await _json(send, 200, message)
+        return
+    events: list[tuple[str, Any]] = [
+        ("message_start", {"type": "message_start",
+                           "message": {**message, "content": [], "stop_reason": None}}),
+    ]  # fmt: skip
+    for index, block in enumerate(blocks):
+        start = {**block, "text": ""} if block["type"] == "text" else block
+        events.append(
+            ("content_block_start",
+             {"type": "content_block_start", "index": index, "content_block": start})
+        )  # fmt: skip
+        delta = (
+            {"type": "text_delta", "text": block["text"]}
+            if block["type"] == "text"
+            else {"type": "input_json_delta", "partial_json": "{}"}
+        )
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        ("message_delta", {"type": "message_delta",
+                           "delta": {"stop_reason": stop, "stop_sequence": None},
+                           "usage": {"output_tokens": 3}})
+    )  # fmt: skip
+    events.append(("message_stop", {"type": "message_stop"}))
+    await _events(send, events)
+
+
+async def _responses(send: Send, model: str, stream: bool, response_id: str) -> None:
+    """An OpenAI Responses answer (vLLM's /v1/responses), whole or as its event stream."""
+    if model == "tool":
+        item: dict[str, Any] = {
+            "type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "run_tests",
+            "arguments": "{}", "status": "completed",
+        }  # fmt: skip
+    else:
+        item = {
+            "type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": "hi", "annotations": []}],
+        }  # fmt: skip
+    status = "incomplete" if model == "long" else "completed"
+    response = {
+        "id": response_id, "object": "response", "created_at": 1, "model": model,
+        "status": status, "output": [item], "parallel_tool_calls": True, "tool_choice": "auto",
+        "tools": [], "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+                               "input_tokens_details": {"cached_tokens": 0},
+                               "output_tokens_details": {"reasoning_tokens": 0}},
+    }  # fmt: skip
+    if not stream:
+        await _json(send, 200, response)
+        return
+    created = {**response, "status": "in_progress", "output": []}
+    done = "response.incomplete" if status == "incomplete" else "response.completed"
+    await _events(
+        send,
+        [
+            ("response.created",
+             {"type": "response.created", "sequence_number": 0, "response": created}),
+            ("response.output_item.added",
+             {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+              "item": item}),
+            ("response.output_item.done",
+             {"type": "response.output_item.done", "sequence_number": 2, "output_index": 0,
+              "item": item}),
+            (done, {"type": done, "sequence_number": 3, "response": response}),
+        ],
+    )  # fmt: skip
 
 
 def _words(body: Any) -> int:
