@@ -134,6 +134,9 @@ class TenureCachePolicy(CachePolicy):
         self._released: list[tuple[OffloadKey, ChunkStatus]] = []
         self._sharers: dict[OffloadKey, dict[str, _Loc]] = {}
         self._ended: set[str] = set()
+        #: Sessions that sent a request to this engine: with several engines behind a router
+        #: every adapter receives every decision and applies only those of sessions it holds.
+        self._held: set[str] = set()
         self._applied_seq: dict[str, int] = {}
         self._last_hint: dict[str, SessionHint] = {}
         self._last_ctx: ReqContext | None = None
@@ -244,6 +247,12 @@ class TenureCachePolicy(CachePolicy):
         session = info.session
         assert session is not None
         info.started = True
+        if session not in self._held:
+            self._held.add(session)
+            if info.tags.turn > 1:
+                # Earlier turns ran elsewhere (a router moved the session, or this engine
+                # restarted): its KV is cold here. The sidecar counts these as moves.
+                self.stats["cold_sessions"] += 1
         info.seg = self._segment(session, info.tags.segment)
         self.tier.request_start(session, now)
         self._ended.discard(session)
@@ -917,6 +926,8 @@ class TenureCachePolicy(CachePolicy):
             if len(table) > _PRUNE_ABOVE:
                 for session in [s for s in table if s not in resident]:
                     del table[session]
+        if len(self._held) > _PRUNE_ABOVE:
+            self._held = {s for s in self._held if s in resident or s in self._last_hint}
         if len(self._ended) > _PRUNE_ABOVE:
             self._ended = {s for s in self._ended if s in resident}
         if len(self._sharers) > _PRUNE_ABOVE:
@@ -927,6 +938,12 @@ class TenureCachePolicy(CachePolicy):
         if decision.seq <= self._applied_seq.get(session, -1):
             return  # duplicate or older than what we applied (newest per session wins)
         self._applied_seq[session] = decision.seq
+        if session not in self._held and session not in self.tier.session_resident:
+            # Another engine's session (the push channel fans out to all adapters): nothing
+            # of it is here, and its next request here carries its tags itself.
+            self.stats["decisions_applied"] += 1
+            self.stats["decisions_foreign"] += 1
+            return
         wall = time.time()
         gap = decision.expected_gap_s
         if decision.wakeup_at is not None:

@@ -16,13 +16,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Route
@@ -46,9 +43,9 @@ from service.push.messages import TierConfig
 from service.push.server import PushSecurity, PushServer
 from service.settings import Settings
 from service.state.breaker import Breaker, StateUnavailable
-from service.state.connection import HiredisPackedConnection
 from service.state.keys import Keys
 from service.state.store import StateStore, StoreLimits
+from service.state.topology import RedisClient, RedisTopology, connect, parse_sentinels
 
 __all__ = ["create_app"]
 
@@ -58,16 +55,23 @@ log = logging.getLogger(__name__)
 _STATE_SAMPLE_EVERY = 5
 
 
-def _redis(settings: Settings, socket_timeout_s: float) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        settings.redis_url.get_secret_value(),
-        # TCP only: a unix:// or rediss:// URL sets its own connection class (the URL wins).
-        connection_class=HiredisPackedConnection,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        # The breaker decides when to try again; a client-side retry would only add waiting.
-        retry=Retry(NoBackoff(), 0),
-        max_connections=512,
+def redis_topology(settings: Settings) -> RedisTopology:
+    secret = settings.redis_sentinel_password
+    return RedisTopology(
+        url=settings.redis_url.get_secret_value(),
+        sentinels=parse_sentinels(settings.redis_sentinels),
+        master_name=settings.redis_sentinel_master,
+        sentinel_password=secret.get_secret_value() if secret is not None else None,
+        cluster=settings.redis_cluster,
+    )
+
+
+def _redis(settings: Settings, socket_timeout_s: float) -> RedisClient:
+    # The breaker decides when to try again; a client-side retry would only add waiting.
+    return connect(
+        redis_topology(settings),
+        socket_timeout_s=socket_timeout_s,
+        connect_timeout_s=settings.redis_timeout_s,
     )
 
 
@@ -108,6 +112,7 @@ def _push_security(settings: Settings) -> PushSecurity:
         client_keys=dict(settings.push_curve_client_keys),
         ipc_mode=settings.push_ipc_mode,
         max_adapters=settings.push_max_adapters,
+        engine_ids=frozenset(p.strip() for p in settings.push_engine_ids.split(",") if p.strip()),
     )
 
 
@@ -203,7 +208,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        keys = Keys(settings.redis_prefix)
+        keys = Keys.build(settings.redis_prefix, hash_tag=settings.redis_keys_hash_tagged)
         limits = StoreLimits(
             session_ttl_s=settings.session_ttl_s,
             finished_ttl_s=settings.finished_ttl_s,
@@ -218,7 +223,9 @@ def create_app(
         client = _redis(settings, settings.redis_timeout_s)
         store = StateStore(
             client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error), limits,
-            multiplex=settings.redis_multiplex,
+            multiplex=settings.redis_multiplex, wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_ms=settings.redis_wait_timeout_ms,
+            on_short_wait=lambda _acked: metrics.redis_wait_short.inc(),
         )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
         runtime = Runtime(
@@ -228,7 +235,7 @@ def create_app(
         runtime.retention = retention = build_retention(settings, store, metrics, clock)
         await runtime.refresh(sample_states=True)
         upstream = _upstream_client(settings, upstream_transport)
-        tail_client: aioredis.Redis | None = None
+        tail_client: RedisClient | None = None
         push: PushServer | None = None
         if settings.push_addr:
             # Blocking stream reads need their own connection and a longer socket timeout.
@@ -255,7 +262,8 @@ def create_app(
             await push.start()
             retention.on_change = push.broadcast_snapshot
         recorder = Recorder(
-            client, settings.redis_prefix, enabled=settings.record_enabled,
+            # The keys' root (hash-tagged on a cluster: the recorder's script keys share a slot).
+            client, keys.prefix, enabled=settings.record_enabled,
             max_bytes=settings.record_max_bytes, chunk_bytes=settings.record_chunk_bytes,
             clock=clock,
         )  # fmt: skip

@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
+    "state": ("service.state.cli", "Redis state maintenance (migrate-keys)"),
     "calibrate-profile": (
         "service.calibrate.profile_cli",
         "measure the simulator's CPU hardware profile on the live A/B's engine",
@@ -49,6 +50,11 @@ _BENCHES: dict[str, tuple[str, str]] = {
     "policy": ("engine_adapter.bench", "per-call cost of the adapter policy vs vLLM's LRU"),
     "replay": ("service.replay.bench", "speed of one replay over a whole trace"),
     "sdk": ("clients.bench", "cost the client SDK adds per completion call"),
+    "redis-wait": ("service.bench_redis", "cost of WAIT 1 (synchronous replication) per write"),
+    "soak": (
+        "service.soak.cli",
+        "chaos soak: router, 2 engines, 2 sidecars, Redis with Sentinel, faults, ledger",
+    ),
 }
 
 

@@ -183,6 +183,12 @@ class Proxy:
         self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
         # With tenants configured the caller's bearer token is one of the sidecar's API keys.
         self._drop_client_auth = not tenants.open
+        # Router affinity headers (vllm-router's X-Session-ID, ...): set from the tracked
+        # session, and a client's own values dropped, so a router keys on the session the
+        # sidecar resolved, never on what a caller claims.
+        self._session_headers = tuple(
+            name.lower().encode() for name in settings.session_header_names
+        )
         # Built in the app's lifespan, so on the loop it serves. (Each get_running_loop() call
         # costs a getpid() system call on Python 3.11, several per request.)
         self._loop = asyncio.get_running_loop()
@@ -623,6 +629,8 @@ class Proxy:
         headers_out = forward_headers(
             request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
         )
+        if self._session_headers:
+            headers_out = _with_session_headers(headers_out, self._session_headers, turn)
         overhead = time.perf_counter() - started
 
         async def exchange() -> tuple[UpstreamResponse, bytes | None]:
@@ -968,6 +976,17 @@ def _strip_nested(node: Any, depth: int) -> bool:
             if isinstance(value, dict | list) and _strip_nested(value, depth - 1):
                 dropped = True
     return dropped
+
+
+def _with_session_headers(
+    headers: list[tuple[bytes, bytes]], names: tuple[bytes, ...], turn: _Turn | None
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` without the client's router-affinity headers, plus the tracked session's."""
+    out = [(name, value) for name, value in headers if name.lower() not in names]
+    if turn is not None:
+        value = scoped_session_id(turn.tenant, turn.session).encode()
+        out.extend((name, value) for name in names)
+    return out
 
 
 def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -19,10 +19,11 @@ from redis.commands.core import AsyncScript
 
 from service.push.messages import Decision
 from service.state import scripts
-from service.state.batcher import ScriptBatcher
+from service.state.batcher import DirectScripts, ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
+from service.state.topology import RedisClient
 
 __all__ = [
     "YIELD_EVERY",
@@ -144,12 +145,15 @@ class StateStore:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         keys: Keys,
         breaker: Breaker,
         limits: StoreLimits | None = None,
         *,
         multiplex: bool = True,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 100,
+        on_short_wait: Callable[[int], None] | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -159,9 +163,25 @@ class StateStore:
         self._apply: AsyncScript = client.register_script(scripts.APPLY)
         self._rollback: AsyncScript = client.register_script(scripts.ROLLBACK)
         # The two hot-path scripts: over one pipelined connection where the URL allows (plain
-        # TCP), else through redis-py with same-iteration calls coalesced.
-        fast = MultiplexedScripts.for_client(client) if multiplex else None
-        self._scripts: MultiplexedScripts | ScriptBatcher = fast or ScriptBatcher(client)
+        # TCP, also behind Sentinel), else through redis-py with same-iteration calls
+        # coalesced; on a cluster one by one (redis-py routes each to its slot's master).
+        fast = (
+            MultiplexedScripts.for_client(
+                client,
+                wait_replicas=wait_replicas,
+                wait_timeout_ms=wait_timeout_ms,
+                on_short_wait=on_short_wait,
+            )
+            if multiplex
+            else None
+        )
+        self._scripts: MultiplexedScripts | ScriptBatcher | DirectScripts
+        if fast is not None:
+            self._scripts = fast
+        elif isinstance(client, aioredis.RedisCluster):
+            self._scripts = DirectScripts()
+        else:
+            self._scripts = ScriptBatcher(client)
 
     async def aclose(self) -> None:
         """Close the hot path's own connection (the redis-py client is closed by its owner)."""
@@ -517,6 +537,40 @@ class StateStore:
                         continue
 
         return await self._call("config", transact)
+
+    # --- engines (several behind a router) -----------------------------------------------
+
+    async def record_engine(self, engine: str, summary: Mapping[str, Any], moves: int) -> None:
+        """The newest residency summary of ``engine`` (a bounded label), and its moves."""
+        k = self.keys
+
+        async def write() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(k.engines, engine, _json_encode(summary))
+                if moves > 0:
+                    pipe.hincrby(k.engine_moves, engine, moves)
+                await pipe.execute()
+
+        await self._call("engines", write)
+
+    async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
+        """``(engine, newest summary, sessions moved to it)`` of every engine ever reported."""
+        k = self.keys
+
+        async def read() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(k.engines)
+                pipe.hgetall(k.engine_moves)
+                return list(await pipe.execute())
+
+        summaries, moves = await self._call("engines", read)
+        counts = {_text(name): int(value) for name, value in moves.items()}
+        out = []
+        for name, raw in sorted(summaries.items()):
+            summary = msgspec.json.decode(raw)
+            if isinstance(summary, dict):
+                out.append((_text(name), summary, counts.get(_text(name), 0)))
+        return out
 
     async def ping(self) -> bool:
         return bool(await self._call("ping", self.client.ping))
