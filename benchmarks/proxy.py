@@ -48,7 +48,10 @@ from service.processes import (
     redis_executable,
 )
 
-__all__ = ["configure"]
+__all__ = ["ROUTES", "configure"]
+
+#: ``--route`` name -> upstream path.
+ROUTES = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +90,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-hints", action="store_true", help="plain pass-through (no session header)"
     )
+    parser.add_argument(
+        "--route", choices=sorted(ROUTES), default="chat",
+        help="the route measured: chat (/v1/chat/completions, default) or messages "
+        "(/v1/messages, Anthropic); messages is reported with the chat figures of the same run",
+    )  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -126,16 +134,17 @@ def _requests(
     per_connection: list[list[bytes]] = []
     each = max(1, total // concurrency)
     for conn in range(concurrency):
-        body = json.dumps(
-            {
-                "model": "bench",
-                "messages": [
-                    {"role": "system", "content": "You are a coding agent."},
-                    {"role": "user", "content": f"task {conn}: run the tests"},
-                ],
+        task = {"role": "user", "content": f"task {conn}: run the tests"}
+        if path == ROUTES["messages"]:
+            # The same conversation as Anthropic Messages (system prompt at the top level).
+            request_body: dict[str, Any] = {
+                "model": "bench", "system": "You are a coding agent.", "messages": [task],
                 "max_tokens": 16,
-            }
-        ).encode()
+            }  # fmt: skip
+        else:
+            system = {"role": "system", "content": "You are a coding agent."}
+            request_body = {"model": "bench", "messages": [system, task], "max_tokens": 16}
+        body = json.dumps(request_body).encode()
         head = (
             f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n"
@@ -147,15 +156,15 @@ def _requests(
     return per_connection
 
 
-async def _warm(port: int, concurrency: int, hints: bool) -> None:
-    await run_load(port, _requests(concurrency, 50 * concurrency // 4, hints))
+async def _warm(port: int, concurrency: int, hints: bool, path: str) -> None:
+    await run_load(port, _requests(concurrency, 50 * concurrency // 4, hints, path))
 
 
 async def _latencies(
-    port: int, concurrency: int, total: int, hints: bool, rate: float
+    port: int, concurrency: int, total: int, hints: bool, rate: float, path: str
 ) -> list[float]:
     latencies, _elapsed, errors = await run_load(
-        port, _requests(concurrency, total, hints), rate_per_s=rate
+        port, _requests(concurrency, total, hints, path), rate_per_s=rate
     )
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
@@ -163,11 +172,11 @@ async def _latencies(
 
 
 async def _throughput(
-    port: int, concurrency: int, total: int, hints: bool, pid: int | None = None
+    port: int, concurrency: int, total: int, hints: bool, path: str, pid: int | None = None
 ) -> tuple[float, float]:
     """Closed loop: requests/s, and the sidecar's CPU ms per request when ``pid`` is given."""
     cpu_before = cpu_seconds(pid) if pid is not None else float("nan")
-    done, elapsed, errors = await run_load(port, _requests(concurrency, total, hints))
+    done, elapsed, errors = await run_load(port, _requests(concurrency, total, hints, path))
     cpu = (cpu_seconds(pid) - cpu_before) if pid is not None else float("nan")
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
@@ -179,40 +188,43 @@ async def _measure(
     sidecars: list[tuple[int, int]],
     args: argparse.Namespace,
     hints: bool,
+    route: str = "chat",
 ) -> dict[str, Any]:
     """Latency in ``--rounds`` rounds, each direct then every sidecar (their order alternating
     round to round), so all sides see the same background load, which drifts on a shared VM;
     then throughput of each side. ``sidecars``: (port, pid), the measured one first."""
     c, rate, rounds = args.concurrency, args.rate, args.rounds
     per_round = max(c, args.requests // rounds)
-    await _warm(direct_port, c, hints)
+    path = ROUTES[route]
+    await _warm(direct_port, c, hints, path)
     for port, _pid in sidecars:
-        await _warm(port, c, hints)
-    buckets_before = [_sidecar_buckets(port) for port, _pid in sidecars]
+        await _warm(port, c, hints, path)
+    buckets_before = [_sidecar_buckets(port, route) for port, _pid in sidecars]
     direct: list[float] = []
     proxied: list[list[float]] = [[] for _ in sidecars]
     added_by_round: list[float] = []
     for index in range(rounds):
-        d = await _latencies(direct_port, c, per_round, hints, rate)
+        d = await _latencies(direct_port, c, per_round, hints, rate, path)
         direct += d
         order = list(range(len(sidecars)))
         if index % 2:
             order.reverse()
         for i in order:
-            proxied[i] += (p := await _latencies(sidecars[i][0], c, per_round, hints, rate))
+            p = await _latencies(sidecars[i][0], c, per_round, hints, rate, path)
+            proxied[i] += p
             if i == 0:
                 added = (percentile(p, 0.5) - percentile(d, 0.5)) * 1000
                 added_by_round.append(round(added, 3))
         print(
-            f"  latency round {index + 1}/{rounds}: added p50 {added_by_round[-1]:.3f} ms",
+            f"  {route} latency round {index + 1}/{rounds}: added p50 {added_by_round[-1]:.3f} ms",
             flush=True,
         )
-    direct_rps, _ = await _throughput(direct_port, c, args.requests, hints)
+    direct_rps, _ = await _throughput(direct_port, c, args.requests, hints, path)
     sides: list[dict[str, Any]] = []
     for (port, pid), latencies, before in zip(sidecars, proxied, buckets_before, strict=True):
-        buckets = _sidecar_buckets(port)
+        buckets = _sidecar_buckets(port, route)
         in_sidecar = {le: count - before.get(le, 0.0) for le, count in buckets.items()}
-        rps, cpu_ms = await _throughput(port, c, args.requests, hints, pid)
+        rps, cpu_ms = await _throughput(port, c, args.requests, hints, path, pid)
         sides.append(
             {
                 "proxy_p50_ms": percentile(latencies, 0.50) * 1000,
@@ -233,8 +245,9 @@ async def _measure(
     }
 
 
-def _sidecar_buckets(port: int) -> dict[float, float]:
-    """Cumulative buckets of the sidecar's own time per chat request, from its ``/metrics``."""
+def _sidecar_buckets(port: int, route: str = "chat") -> dict[float, float]:
+    """Cumulative buckets of the sidecar's own time per request of ``route``, from its
+    ``/metrics``."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
@@ -242,7 +255,7 @@ def _sidecar_buckets(port: int) -> dict[float, float]:
     prefix = 'tenure_sidecar_latency_seconds_bucket{le="'
     buckets: dict[float, float] = {}
     for line in text.splitlines():
-        if line.startswith(prefix) and 'route="chat"' in line:
+        if line.startswith(prefix) and f'route="{route}"' in line:
             le = line[len(prefix) :].split('"', 1)[0]
             buckets[float(le)] = float(line.rsplit(" ", 1)[1])
     return buckets
@@ -353,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
             if versus:
                 where += f"; versus a second sidecar with {versus}, interleaved"
             print(
-                f"tenure bench proxy: concurrency {args.concurrency}, {args.requests} requests "
+                f"tenure bench proxy ({args.route}): concurrency {args.concurrency}, "
+                f"{args.requests} requests "
                 f"per phase, latency at {args.rate:g} req/s in {args.rounds} alternating rounds, "
                 f"hints {'on' if hints else 'off'}, Redis on, {where}",
                 flush=True,
@@ -361,7 +375,13 @@ def run(args: argparse.Namespace) -> int:
             try:
                 if rest_cpus is not None:
                     os.sched_setaffinity(0, rest_cpus)
-                m = asyncio.run(_measure(upstream_port, sidecars, args, hints))
+                # --route messages: chat first, then messages, on the same processes, so the
+                # two routes' figures compare like for like on a machine whose load drifts.
+                measured = {
+                    route: asyncio.run(_measure(upstream_port, sidecars, args, hints, route))
+                    for route in dict.fromkeys(["chat", args.route])
+                }
+                m = measured[args.route]
             finally:
                 if saved_affinity is not None:
                     os.sched_setaffinity(0, saved_affinity)
@@ -387,6 +407,15 @@ def run(args: argparse.Namespace) -> int:
     }
     if versus:
         result["versus"] = {"env": versus, **_side(m["sides"][1], m)}
+    if args.route != "chat":
+        chat = measured["chat"]
+        result["route"] = args.route
+        result["chat"] = {
+            "direct_p50_ms": round(chat["direct_p50_ms"], 3),
+            "direct_p99_ms": round(chat["direct_p99_ms"], 3),
+            "direct_rps": round(chat["direct_rps"], 1),
+            **_side(chat["sides"][0], chat),
+        }
     for key, value in result.items():
         print(f"  {key:15s} {value}")
     if args.json is not None:

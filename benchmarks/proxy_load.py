@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Sequence
 
-__all__ = ["CANNED_COMPLETION", "run_load", "serve_upstream"]
+__all__ = ["CANNED_COMPLETION", "CANNED_MESSAGE", "run_load", "serve_upstream"]
 
 CANNED_COMPLETION = json.dumps(
     {
@@ -25,12 +25,27 @@ CANNED_COMPLETION = json.dumps(
         "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
     }
 ).encode()
-_RESPONSE = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-    + str(len(CANNED_COMPLETION)).encode()
-    + b"\r\n\r\n"
-    + CANNED_COMPLETION
-)
+#: vLLM's answer on ``/v1/messages`` (Anthropic Messages), for ``--route messages``.
+CANNED_MESSAGE = json.dumps(
+    {
+        "id": "msg-bench", "type": "message", "role": "assistant", "model": "bench",
+        "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": {"input_tokens": 8, "output_tokens": 1},
+    }
+).encode()  # fmt: skip
+
+
+def _canned(body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+_RESPONSE = _canned(CANNED_COMPLETION)
+_MESSAGE_RESPONSE = _canned(CANNED_MESSAGE)
 
 
 class _Upstream(asyncio.Protocol):
@@ -54,9 +69,10 @@ class _Upstream(asyncio.Protocol):
             total = end + 4 + length
             if len(self.buffer) < total:
                 return
+            messages = self.buffer.startswith(b"POST /v1/messages ")
             self.buffer = self.buffer[total:]
             assert self.transport is not None
-            self.transport.write(_RESPONSE)
+            self.transport.write(_MESSAGE_RESPONSE if messages else _RESPONSE)
 
 
 def _content_length(head: bytes) -> int:

@@ -1,4 +1,5 @@
-"""Tenure client SDK: agent sessions with lifecycle hints, on the official ``openai`` client.
+"""Tenure client SDK: agent sessions with lifecycle hints, on the official ``openai`` or
+``anthropic`` client.
 
     from clients import TenureSession
     with TenureSession(openai_client, session_id="task-42") as s:

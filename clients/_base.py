@@ -44,7 +44,9 @@ class SessionBase(Generic[ClientT, HttpT]):
         )
         self._client = client
         base_url: Any = getattr(client, "base_url", "")
-        self._base_url = lifecycle_base_url(base_url)
+        #: An Anthropic client (``messages``, ``base_url`` without ``/v1``) or an OpenAI one.
+        self._is_anthropic = hasattr(client, "messages") and not hasattr(client, "chat")
+        self._base_url = lifecycle_base_url(base_url, anthropic=self._is_anthropic)
         self._api_key = api_key if api_key is not None else getattr(client, "api_key", None)
         self._auth = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self._owns_http = owns_http

@@ -79,13 +79,17 @@ def _check_seconds(value: float | None, what: str) -> float | None:
     return seconds
 
 
-def lifecycle_base_url(openai_base_url: object) -> str:
+def lifecycle_base_url(openai_base_url: object, *, anthropic: bool = False) -> str:
     """The URL that lifecycle paths hang off: the OpenAI client's ``base_url`` (ends in ``/v1``).
 
     The sidecar serves ``/v1/sessions/...`` beside ``/v1/chat/completions``, so the harness
-    configures one URL and the SDK derives the rest.
+    configures one URL and the SDK derives the rest. An Anthropic client's ``base_url`` is the
+    server's root (it adds ``/v1/messages`` itself), so ``/v1`` is added here.
     """
-    return str(openai_base_url).rstrip("/")
+    url = str(openai_base_url).rstrip("/")
+    if anthropic and not url.endswith("/v1"):
+        url += "/v1"
+    return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,11 +254,24 @@ class SessionCore:
         worker_id: str | None,
         role: str,
         metadata: Mapping[str, Any] | None,
+        ranker: Mapping[str, Any] | None = None,
     ) -> LifecycleRequest:
         self._require_live("spawn a worker from")
         worker = _check_session_id(worker_id or new_session_id(), "worker_id")
         body = {"worker_id": worker, "role": role, "metadata": dict(metadata or {})}
+        # Spawn facts for the sidecar's worker ranker (segment tracking); only those given.
+        body.update({k: v for k, v in (ranker or {}).items() if v is not None})
         return LifecycleRequest("spawn", "POST", self._path("/workers"), body)
+
+    def plan_return(self) -> LifecycleRequest:
+        """A spawned worker returns to its parent (its KV segments close in the engine)."""
+        self._require_live("return")
+        if self.parent is None:
+            raise TenureUsageError(
+                f"session {self.session_id!r} was not spawned; a lead session ends, it does "
+                "not return"
+            )
+        return LifecycleRequest("return", "POST", self._path("/return"), {})
 
     def child_from(self, request: LifecycleRequest, answer: Mapping[str, Any]) -> SessionCore:
         """The child's core after the sidecar registered a spawn.
@@ -277,7 +294,7 @@ class SessionCore:
             self.state = "suspended"
         elif request.action == "resume":
             self.state = "open"
-        elif request.action == "end":
+        elif request.action in ("end", "return"):
             self.state = "finished"
 
     def should_end_on_exit(self) -> bool:

@@ -1,6 +1,8 @@
-"""``AsyncTenureSession``: an agent session on top of ``openai.AsyncOpenAI``.
+"""``AsyncTenureSession``: an agent session on ``openai.AsyncOpenAI`` or ``AsyncAnthropic``.
 
 All behaviour lives in :mod:`clients._core`; this module only performs the I/O it plans.
+This file is the one source of both twins: ``clients/session.py`` (the sync one) is generated
+from it by ``scripts/gen_sync_session.py`` (unasync), and a test checks the two agree.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 from openai import AsyncOpenAI, AsyncStream
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
 
 from clients._base import DEFAULT_TIMEOUT, SessionBase
 from clients._core import (
@@ -26,25 +29,32 @@ from clients._core import (
     Sleep,
     exchange,
 )
-from clients.errors import TenureLifecycleError
+from clients.errors import TenureLifecycleError, TenureUsageError
+
+if TYPE_CHECKING:  # the anthropic client is optional (the ``clients`` extra installs it)
+    from anthropic import AsyncAnthropic
+    from anthropic import AsyncStream as AsyncAnthropicStream
+    from anthropic.types import Message, RawMessageStreamEvent
 
 __all__ = ["AsyncTenureSession"]
 
 _log = logging.getLogger("tenure.clients")
 
 
-class AsyncTenureSession(SessionBase[AsyncOpenAI, httpx.AsyncClient]):
+# ``Any``: the client is one of two optional SDKs' (checked where it is used, _openai/_anthropic).
+class AsyncTenureSession(SessionBase[Any, httpx.AsyncClient]):
     """One agent session: completions carry its hints; lifecycle calls go to the sidecar.
 
     ``async with AsyncTenureSession(client, session_id="task-42") as s:`` ends the session on
-    exit (also when the body raises) unless a call declared ``last_turn=True``. Lifecycle calls
-    reuse the OpenAI client's ``base_url`` and API key; pass ``api_key`` if the client gets its
-    key from a provider callable.
+    exit (also when the body raises) unless a call declared ``last_turn=True``. ``client`` is
+    an OpenAI client (``chat``, ``complete``, ``responses``) or an Anthropic one
+    (``messages``). Lifecycle calls reuse the client's ``base_url`` and API key; pass
+    ``api_key`` if the client gets its key from a provider callable.
     """
 
     def __init__(
         self,
-        client: AsyncOpenAI,
+        client: AsyncOpenAI | AsyncAnthropic,
         session_id: str | None = None,
         *,
         parent: str | None = None,
@@ -112,7 +122,7 @@ class AsyncTenureSession(SessionBase[AsyncOpenAI, httpx.AsyncClient]):
             kwargs, last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
         )
         result: ChatCompletion | AsyncStream[ChatCompletionChunk]
-        result = await self._client.chat.completions.create(stream=stream, **call)
+        result = await self._openai("chat").chat.completions.create(stream=stream, **call)
         self._core.completion_sent(last_turn=last_turn)
         return result
 
@@ -152,9 +162,101 @@ class AsyncTenureSession(SessionBase[AsyncOpenAI, httpx.AsyncClient]):
             kwargs, last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
         )
         result: Completion | AsyncStream[Completion]
-        result = await self._client.completions.create(stream=stream, **call)
+        result = await self._openai("complete").completions.create(stream=stream, **call)
         self._core.completion_sent(last_turn=last_turn)
         return result
+
+    @overload
+    async def responses(
+        self,
+        *,
+        stream: Literal[True],
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncStream[ResponseStreamEvent]: ...
+
+    @overload
+    async def responses(
+        self,
+        *,
+        stream: Literal[False] = False,
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+        **kwargs: Any,
+    ) -> Response: ...
+
+    async def responses(
+        self,
+        *,
+        stream: bool = False,
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+        **kwargs: Any,
+    ) -> Response | AsyncStream[ResponseStreamEvent]:
+        """``client.responses.create(**kwargs)`` (``/v1/responses``) with the hints."""
+        call = self._core.completion_kwargs(
+            kwargs, last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
+        )
+        result: Response | AsyncStream[ResponseStreamEvent]
+        result = await self._openai("responses").responses.create(stream=stream, **call)
+        self._core.completion_sent(last_turn=last_turn)
+        return result
+
+    @overload
+    async def messages(
+        self,
+        *,
+        stream: Literal[True],
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncAnthropicStream[RawMessageStreamEvent]: ...
+
+    @overload
+    async def messages(
+        self,
+        *,
+        stream: Literal[False] = False,
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+        **kwargs: Any,
+    ) -> Message: ...
+
+    async def messages(
+        self,
+        *,
+        stream: bool = False,
+        last_turn: bool = False,
+        expected_gap_s: float | None = None,
+        segment: str | None = None,
+        **kwargs: Any,
+    ) -> Message | AsyncAnthropicStream[RawMessageStreamEvent]:
+        """``client.messages.create(**kwargs)`` (Anthropic ``/v1/messages``) with the hints."""
+        call = self._core.completion_kwargs(
+            kwargs, last_turn=last_turn, expected_gap_s=expected_gap_s, segment=segment
+        )
+        result: Message | AsyncAnthropicStream[RawMessageStreamEvent]
+        result = await self._anthropic().messages.create(stream=stream, **call)
+        self._core.completion_sent(last_turn=last_turn)
+        return result
+
+    def _openai(self, verb: str) -> AsyncOpenAI:
+        if self._is_anthropic:
+            raise TenureUsageError(f"{verb}() needs an OpenAI client; use messages() here")
+        client: AsyncOpenAI = self._client
+        return client
+
+    def _anthropic(self) -> AsyncAnthropic:
+        if not self._is_anthropic:
+            raise TenureUsageError("messages() needs an Anthropic client")
+        client: AsyncAnthropic = self._client
+        return client
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -171,6 +273,11 @@ class AsyncTenureSession(SessionBase[AsyncOpenAI, httpx.AsyncClient]):
         """Finish the session now; the sidecar reclaims its KV."""
         return await self._drive(self._core.plan_end())
 
+    async def return_to_parent(self) -> dict[str, Any]:
+        """A spawned worker returns (``POST /v1/sessions/{id}/return``): finished, and with
+        segment tracking on its KV segments close in the engine (SSD files deleted)."""
+        return await self._drive(self._core.plan_return())
+
     async def info(self) -> dict[str, Any]:
         """The sidecar's record of this session (``GET /v1/sessions/{id}``)."""
         return await self._drive(self._core.plan_info())
@@ -181,12 +288,24 @@ class AsyncTenureSession(SessionBase[AsyncOpenAI, httpx.AsyncClient]):
         *,
         role: str = "worker",
         metadata: Mapping[str, Any] | None = None,
+        subagent_type: str | None = None,
+        expected_tokens: int | None = None,
+        model: str | None = None,
+        background: bool | None = None,
     ) -> AsyncTenureSession:
         """Register a sub-agent and return its session (``parent`` set to this one).
 
-        The child shares this session's clients; use it as a context manager to end it.
+        The child shares this session's clients; use it as a context manager to end it (for a
+        worker, ending is its return). ``subagent_type``, ``expected_tokens``, ``model`` and
+        ``background`` feed the sidecar's worker ranker when segment tracking is on.
         """
-        request = self._core.plan_spawn(worker_id, role, metadata)
+        ranker = {
+            "subagent_type": subagent_type,
+            "expected_tokens": expected_tokens,
+            "model": model,
+            "background": background,
+        }
+        request = self._core.plan_spawn(worker_id, role, metadata, ranker)
         answer = await self._drive(request)
         return AsyncTenureSession(
             self._client,

@@ -119,6 +119,9 @@ class TenureCachePolicy(StockPath):
         self._released: list[tuple[OffloadKey, ChunkStatus]] = []
         self._sharers: dict[OffloadKey, dict[str, Loc]] = {}
         self._ended: set[str] = set()
+        #: Sessions that sent a request to this engine: with several engines behind a router
+        #: every adapter receives every decision and applies only those of sessions it holds.
+        self._held: set[str] = set()
         self._applied_seq: dict[str, int] = {}
         self._last_hint: dict[str, SessionHint] = {}
         self._last_ctx: ReqContext | None = None

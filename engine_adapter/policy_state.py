@@ -93,6 +93,7 @@ class PolicyState(CachePolicy):
     _released: list[tuple[OffloadKey, ChunkStatus]]
     _sharers: dict[OffloadKey, dict[str, Loc]]
     _ended: set[str]
+    _held: set[str]
     _applied_seq: dict[str, int]
     _last_hint: dict[str, SessionHint]
     _last_ctx: ReqContext | None

@@ -71,6 +71,7 @@ _COUNTER_FIELDS = (
     "bytes_stored",
     "bytes_loaded",
     "ttl_expiries",
+    "cold_sessions",
 )
 _EVICTED_PREFIX = "evicted_blocks_"
 

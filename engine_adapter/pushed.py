@@ -142,6 +142,8 @@ class PushedDecisions(KeyMap):
             if len(table) > _PRUNE_ABOVE:
                 for session in [s for s in table if s not in resident]:
                     del table[session]
+        if len(self._held) > _PRUNE_ABOVE:
+            self._held = {s for s in self._held if s in resident or s in self._last_hint}
         if len(self._ended) > _PRUNE_ABOVE:
             self._ended = {s for s in self._ended if s in resident}
         if len(self._sharers) > _PRUNE_ABOVE:
@@ -152,6 +154,12 @@ class PushedDecisions(KeyMap):
         if decision.seq <= self._applied_seq.get(session, -1):
             return  # duplicate or older than what we applied (newest per session wins)
         self._applied_seq[session] = decision.seq
+        if session not in self._held and session not in self.tier.session_resident:
+            # Another engine's session (the push channel fans out to all adapters): nothing
+            # of it is here, and its next request here carries its tags itself.
+            self.stats["decisions_applied"] += 1
+            self.stats["decisions_foreign"] += 1
+            return
         wall = self._wall_clock()  # wire times are Unix seconds
         gap = decision.expected_gap_s
         if decision.wakeup_at is not None:

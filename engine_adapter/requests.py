@@ -65,6 +65,12 @@ class Requests(PushedDecisions):
         session = info.session
         assert session is not None
         info.started = True
+        if session not in self._held:
+            self._held.add(session)
+            if info.tags.turn > 1:
+                # Earlier turns ran elsewhere (a router moved the session, or this engine
+                # restarted): its KV is cold here. The sidecar counts these as moves.
+                self.stats["cold_sessions"] += 1
         info.seg = self._segment(session, info.tags.segment)
         self.tier.request_start(session, now)
         self._ended.discard(session)

@@ -25,11 +25,14 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from engine_adapter.manager import TenureOffloadingManager
 from engine_adapter.vllm_compat import set_spec_manager, spec_manager
 
-__all__ = ["PUSH_ADDR_ENV", "TenureOffloadingSpec"]
+__all__ = ["ENGINE_ID_ENV", "PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
 log = logging.getLogger("vllm.tenure")
 
 PUSH_ADDR_ENV = "TENURE_PUSH_ADDR"
+#: This engine's id on the push channel (its label in the sidecar's per-engine metrics and
+#: ``/admin/engines``); stable across restarts, unlike vLLM's own random engine id.
+ENGINE_ID_ENV = "TENURE_ENGINE_ID"
 
 
 def _float(extra: dict[str, Any], key: str, default: float) -> float:
@@ -76,10 +79,12 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
                 from engine_adapter.push_client import PushClient
                 from engine_adapter.wakeup import find_engine_waker
 
+                engine_id = extra.get("tenure_engine_id") or os.environ.get(ENGINE_ID_ENV)
                 manager.push_client = PushClient(
                     str(addr),
                     tenure,
-                    engine_id=str(self.config.engine_id),
+                    engine_id=str(engine_id or self.config.engine_id),
+                    adapter_id=str(engine_id) if engine_id else None,
                     bytes_per_block=self.kv_bytes_per_chunk,
                     report_interval_s=_float(extra, "tenure_report_interval_s", 1.0),
                     hello_interval_s=_float(extra, "tenure_hello_interval_s", 15.0),

@@ -16,13 +16,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Route
@@ -37,17 +34,19 @@ from service.api.raw_upstream import RawUpstream
 from service.api.recorder import Recorder
 from service.api.retention import build_retention
 from service.api.runtime import Runtime
+from service.api.segment_tracker import SegmentTracker
+from service.api.spawns import load_ranker
 from service.api.tenants import TenantResolver
 from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
 from service.push.security import PushSecurity
 from service.push.server import PushServer
-from service.settings import Settings
+from service.settings import Settings, parse_sentinels
 from service.state.breaker import Breaker, StateUnavailable
-from service.state.connection import HiredisPackedConnection
 from service.state.keys import Keys
 from service.state.records import StoreLimits
 from service.state.store import StateStore
+from service.state.topology import RedisClient, RedisTopology, connect
 from service.wire.push import TierConfig
 
 __all__ = ["create_app"]
@@ -58,16 +57,23 @@ log = logging.getLogger(__name__)
 _STATE_SAMPLE_EVERY = 5
 
 
-def _redis(settings: Settings, socket_timeout_s: float) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        settings.redis_url.get_secret_value(),
-        # TCP only: a unix:// or rediss:// URL sets its own connection class (the URL wins).
-        connection_class=HiredisPackedConnection,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        # The breaker decides when to try again; a client-side retry would only add waiting.
-        retry=Retry(NoBackoff(), 0),
-        max_connections=512,
+def redis_topology(settings: Settings) -> RedisTopology:
+    secret = settings.redis_sentinel_password
+    return RedisTopology(
+        url=settings.redis_url.get_secret_value(),
+        sentinels=parse_sentinels(settings.redis_sentinels),
+        master_name=settings.redis_sentinel_master,
+        sentinel_password=secret.get_secret_value() if secret is not None else None,
+        cluster=settings.redis_cluster,
+    )
+
+
+def _redis(settings: Settings, socket_timeout_s: float) -> RedisClient:
+    # The breaker decides when to try again; a client-side retry would only add waiting.
+    return connect(
+        redis_topology(settings),
+        socket_timeout_s=socket_timeout_s,
+        connect_timeout_s=settings.redis_timeout_s,
     )
 
 
@@ -108,6 +114,7 @@ def _push_security(settings: Settings) -> PushSecurity:
         client_keys=dict(settings.push_curve_client_keys),
         ipc_mode=settings.push_ipc_mode,
         max_adapters=settings.push_max_adapters,
+        engine_ids=frozenset(p.strip() for p in settings.push_engine_ids.split(",") if p.strip()),
     )
 
 
@@ -197,10 +204,13 @@ def create_app(
     )
     for warning in settings.startup_warnings():
         log.warning("%s", warning)
+    # Loaded now, not in the lifespan: an artefact that does not load stops start-up with
+    # one line naming it (SettingsError).
+    ranker = load_ranker(settings.worker_ranker) if settings.segments else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        keys = Keys(settings.redis_prefix)
+        keys = Keys.build(settings.redis_prefix, hash_tag=settings.redis_keys_hash_tagged)
         limits = StoreLimits(
             session_ttl_s=settings.session_ttl_s,
             finished_ttl_s=settings.finished_ttl_s,
@@ -215,7 +225,9 @@ def create_app(
         client = _redis(settings, settings.redis_timeout_s)
         store = StateStore(
             client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error), limits,
-            multiplex=settings.redis_multiplex,
+            multiplex=settings.redis_multiplex, wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_ms=settings.redis_wait_timeout_ms,
+            on_short_wait=lambda _acked: metrics.redis_wait_short.inc(),
         )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
         runtime = Runtime(
@@ -225,7 +237,7 @@ def create_app(
         runtime.retention = retention = build_retention(settings, store, metrics, clock)
         await runtime.refresh(sample_states=True)
         upstream = _upstream_client(settings, upstream_transport)
-        tail_client: aioredis.Redis | None = None
+        tail_client: RedisClient | None = None
         push: PushServer | None = None
         if settings.push_addr:
             # Blocking stream reads need their own connection and a longer socket timeout.
@@ -252,14 +264,22 @@ def create_app(
             await push.start()
             retention.on_change = push.broadcast_snapshot
         recorder = Recorder(
-            client, settings.redis_prefix, enabled=settings.record_enabled,
+            # The keys' root (hash-tagged on a cluster: the recorder's script keys share a slot).
+            client, keys.prefix, enabled=settings.record_enabled,
             max_bytes=settings.record_max_bytes, chunk_bytes=settings.record_chunk_bytes,
             clock=clock,
         )  # fmt: skip
-        proxy = Proxy(settings, store, runtime, metrics, upstream, tenants, clock, recorder)
+        segments = (
+            SegmentTracker(settings, store, upstream, metrics, ranker)
+            if ranker is not None
+            else None
+        )
+        proxy = Proxy(
+            settings, store, runtime, metrics, upstream, tenants, clock, recorder, segments
+        )
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push, recorder=recorder,
+            clock=clock, push=push, recorder=recorder, segments=segments,
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.
@@ -267,6 +287,8 @@ def create_app(
         app.fast_routes = {
             "/v1/chat/completions": proxy.chat_completions,
             "/v1/completions": proxy.completions,
+            "/v1/messages": proxy.messages,
+            "/v1/responses": proxy.responses,
         }
 
         stopping = asyncio.Event()
@@ -358,13 +380,26 @@ def create_app(
     async def passthrough(request: Request) -> Response:
         return await proxy_of(request).passthrough(request)
 
+    async def messages(request: Request) -> Response:
+        return await proxy_of(request).messages(request)
+
+    async def responses(request: Request) -> Response:
+        return await proxy_of(request).responses(request)
+
     # Plain Starlette routes (not FastAPI's): the proxy takes the raw request and returns a raw
     # response, so FastAPI's dependency solving and serialisation would be pure overhead.
     # POSTs to the two hot routes never reach the router (SidecarApp.fast_routes); the routes
     # stay registered for the schema and for other methods (405).
-    app.fast_routes = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
+    app.fast_routes = {
+        "/v1/chat/completions": chat_completions,
+        "/v1/completions": completions,
+        "/v1/messages": messages,
+        "/v1/responses": responses,
+    }
     app.router.routes.insert(0, Route("/v1/chat/completions", chat_completions, methods=["POST"]))
     app.router.routes.insert(1, Route("/v1/completions", completions, methods=["POST"]))
+    app.router.routes.insert(2, Route("/v1/messages", messages, methods=["POST"]))
+    app.router.routes.insert(3, Route("/v1/responses", responses, methods=["POST"]))
     # Last, so /v1/sessions/... is matched by the lifecycle routes first.
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -33,6 +33,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
+    "state": ("service.state.cli", "Redis state maintenance (migrate-keys)"),
     "calibrate-profile": (
         "service.calibrate.profile_cli",
         "measure the simulator's CPU hardware profile on the live A/B's engine",
@@ -51,6 +52,11 @@ _BENCHES: dict[str, tuple[str, str]] = {
     "policy": ("benchmarks.policy", "per-call cost of the adapter policy vs vLLM's LRU"),
     "replay": ("benchmarks.replay", "speed of one replay over a whole trace"),
     "sdk": ("benchmarks.sdk", "cost the client SDK adds per completion call"),
+    "redis-wait": ("benchmarks.redis_wait", "cost of WAIT 1 (synchronous replication) per write"),
+    "soak": (
+        "benchmarks.soak.cli",
+        "chaos soak: router, 2 engines, 2 sidecars, Redis with Sentinel, faults, ledger",
+    ),
 }
 
 

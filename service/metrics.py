@@ -93,6 +93,11 @@ class Metrics:
         self.redis_errors = Counter(
             "tenure_redis_errors", "Failed Redis operations", ["op"], registry=r
         )
+        self.redis_wait_short = Counter(
+            "tenure_redis_wait_short",
+            "Hot-path writes fewer replicas acknowledged than TENURE_REDIS_WAIT_REPLICAS in time",
+            registry=r,
+        )
         self.fail_open = Counter(
             "tenure_fail_open",
             "Proxied requests forwarded without lifecycle state because Redis was unavailable",
@@ -115,6 +120,26 @@ class Metrics:
             "tenure_hint_rejections", "Requests refused for malformed hints", ["field"],
             registry=r,
         )  # fmt: skip
+        self.segment_splits = Counter(
+            "tenure_segment_splits",
+            "Tracked turns split into segments, by how the previous response came back "
+            "(first, carried, stripped, plain, rewritten, unknown)",
+            ["verdict"], registry=r,
+        )  # fmt: skip
+        self.segment_prompt_counts = Counter(
+            "tenure_segment_prompt_counts",
+            "Prompt lengths taken for a reasoning segment declared before generation, by how "
+            "(exact: the engine's /tokenize; lower_bound: from the previous turn; none)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        # Labels come from service.api.dialects.DIALECT_FIELDS only (a fixed set).
+        self.dialect_fields = Counter(
+            "tenure_dialect_fields",
+            "Hint fields of other stacks' dialects: used, overridden by a higher source, "
+            "ignored (malformed) or unknown",
+            ["dialect", "field", "outcome"],
+            registry=r,
+        )
         self.gap_observed = Histogram(
             "tenure_gap_observed_seconds", "Observed idle gaps between turns, by stop class",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
@@ -208,6 +233,12 @@ class Metrics:
             "tenure_adapter_resident_bytes", "Bytes resident per tier, by adapter",
             ["adapter", "tier"], registry=r,
         )  # fmt: skip
+        self.session_moves = Counter(
+            "tenure_session_moves",
+            "Sessions that arrived at an engine with earlier turns it never saw (moved there "
+            "by the router, or the engine restarted), by the engine's adapter id",
+            ["adapter"], registry=r,
+        )  # fmt: skip
         self.adapter_sessions_tracked = Gauge(
             "tenure_adapter_sessions_tracked", "Sessions an adapter tracks", ["adapter"],
             registry=r,
@@ -216,6 +247,10 @@ class Metrics:
         self.retention = RetentionMetrics(r)
         #: Set by the app: prices and counts the resume outcomes adapters report.
         self.on_resumes: Callable[[Iterable[ResumeOutcome]], None] | None = None
+
+    def count_moves(self, adapter: str, sessions: int) -> None:
+        if sessions > 0:
+            self.session_moves.labels(adapter).inc(sessions)
 
     def record_residency(self, report: ResidencyReport) -> None:
         """Add one adapter report's deltas (negative deltas are ignored: counters only rise)

@@ -23,6 +23,7 @@ __all__ = [
     "TenantSpec",
     "is_loopback_host",
     "load_settings",
+    "parse_sentinels",
     "tenant_key_digest",
 ]
 
@@ -51,6 +52,19 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
+    """``"h1:26379,h2:26379"`` -> ``(("h1", 26379), ("h2", 26379))``; a clear error otherwise."""
+    out: list[tuple[str, int]] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"sentinel address {item!r} must be host:port")
+        out.append((host.strip("[]"), int(port)))
+    return tuple(out)
 
 
 class SettingsError(ValueError):
@@ -105,8 +119,37 @@ class Settings(BaseSettings):
     #: (the script runs meanwhile; the forwarded turn number is this replica's forecast of
     #: Redis's count, see ``service.api.turns``); false = wait for Redis, then forward.
     early_forward: bool = True
+    #: Segment tracking for lifetime-aware KV placement (the engine's ``tenure-fs`` tier):
+    #: every tracked request of a named session carries its role, parent, the worker ranker's
+    #: prediction and its segments in ``kv_transfer_params.tenure`` (``service.api.segments``).
+    #: Costs one Redis read per turn (and a ``/tokenize`` call for turns with reasoning).
+    segments: bool = False
+    #: Declare a reasoning turn's generation a reasoning segment before it is generated, its
+    #: start counted with the engine's ``/tokenize`` (exact; one extra upstream round trip).
+    #: Only useful when the engine offloads generated blocks (``offload_prompt_only: false``;
+    #: vLLM 0.32 offloads prompt blocks only by default, so carried reasoning, which comes back
+    #: inside a prompt, is what reaches its tiers and is split either way).
+    segment_tokenize: bool = False
+    #: A ``tenure train-ranker`` artefact for the worker ranker; empty = the type heuristic.
+    worker_ranker: str = ""
     #: After a Redis failure, skip Redis for this long before trying again (fail fast).
     redis_retry_after_s: float = Field(default=1.0, gt=0, le=300)
+    #: Redis Sentinels as ``host:port,host:port``: connect to the master they name
+    #: (``redis_sentinel_master``) and follow failovers; the URL then gives only the database
+    #: and the data nodes' credentials. Empty: connect to the URL's server.
+    redis_sentinels: str = ""
+    redis_sentinel_master: str = "tenure"
+    redis_sentinel_password: SecretStr | None = None
+    #: Redis Cluster: the URL names any node; keys are hash-tagged into one slot.
+    redis_cluster: bool = False
+    #: Put every key in one hash slot (``{prefix}:...``). On by default with ``redis_cluster``;
+    #: changing it on an existing Redis renames every key: run ``tenure state migrate-keys``.
+    redis_hash_tag: bool | None = None
+    #: After each hot-path script, ``WAIT`` for this many replicas to acknowledge it (up to
+    #: ``redis_wait_timeout_ms``): no acknowledged turn is lost by a failover, at the cost of
+    #: one replication round trip per request. 0: asynchronous replication (Redis's default).
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
+    redis_wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
     #: Finished sessions stay readable this long, then expire.
     finished_ttl_s: int = Field(default=3600, ge=1)
     #: Idle sessions with no activity expire after this long.
@@ -174,10 +217,19 @@ class Settings(BaseSettings):
     #: Allow a non-loopback ``tcp://`` push address without CURVE (a trusted private network
     #: only: every peer that can connect reads all tenants' decisions).
     push_insecure: bool = False
+    #: Engine ids adapters may report under (``TENURE_ENGINE_ID`` / ``tenure_engine_id`` on
+    #: each engine), comma-separated: their labels in per-engine metrics and
+    #: ``/admin/engines``; any other id is ``other``. Empty: the first ids heard, bounded.
+    push_engine_ids: str = ""
     #: Adapters tracked at once (peers beyond it are ignored until one goes silent).
     push_max_adapters: int = Field(default=64, ge=1, le=10_000)
     #: How often each replica reloads runtime config and the learned gap model from Redis.
     refresh_interval_s: float = Field(default=2.0, gt=0, le=3600)
+    #: Headers set on forwarded requests to the session's tenant-scoped id, for a router in
+    #: front of several engines (comma-separated): ``X-Session-ID`` for vllm-router's
+    #: ``consistent_hash``, ``x-session-token`` for llm-d, ``x-dynamo-session-id`` for
+    #: Dynamo. Empty (the single-engine default): none.
+    upstream_session_headers: str = ""
 
     # --- recording (service.api.recorder; off by default) ----------------------------------
     #: Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from
@@ -209,6 +261,41 @@ class Settings(BaseSettings):
         if not re.match(r"^[A-Za-z0-9._-]{1,32}$", value):
             raise ValueError("redis_prefix must be 1-32 characters of [A-Za-z0-9._-]")
         return value
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        parse_sentinels(value)
+        return value
+
+    @field_validator("upstream_session_headers")
+    @classmethod
+    def _header_names(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",")):
+            if name and not re.match(r"^[A-Za-z0-9-]{1,64}$", name):
+                raise ValueError(f"header name {name!r} must be 1-64 characters of [A-Za-z0-9-]")
+        return value
+
+    @model_validator(mode="after")
+    def _redis_topology(self) -> Settings:
+        if self.redis_cluster and self.redis_sentinels:
+            raise ValueError("redis_cluster and redis_sentinels exclude each other")
+        if self.redis_cluster and self.redis_hash_tag is False:
+            raise ValueError("redis_cluster needs hash-tagged keys (redis_hash_tag)")
+        if self.redis_wait_replicas and (self.redis_cluster or not self.redis_multiplex):
+            raise ValueError(
+                "redis_wait_replicas works on the multiplexed hot path (plain URL or Sentinel, "
+                "redis_multiplex on)"
+            )
+        return self
+
+    @property
+    def redis_keys_hash_tagged(self) -> bool:
+        return self.redis_cluster if self.redis_hash_tag is None else self.redis_hash_tag
+
+    @property
+    def session_header_names(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.upstream_session_headers.split(",") if p.strip())
 
     @field_validator("push_addr")
     @classmethod

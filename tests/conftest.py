@@ -6,6 +6,9 @@
   each test starts from a clean database.
 * ``redis_process_factory`` (function scope): private servers a test may kill and restart
   (``stop()`` / ``start()`` keep the port), for fault tests; all stopped after the test.
+* ``sentinel_group`` (function scope): master + replica + three Sentinels
+  (:class:`service.processes.redis_groups.SentinelGroup`); ``redis_cluster`` (module scope): three
+  cluster masters (:class:`service.processes.redis_groups.ClusterGroup`).
 
 Nothing is faked here: tests that use Redis talk to the real server.
 """
@@ -24,6 +27,7 @@ import pytest
 import redis
 
 from service.processes import free_port, redis_argv, redis_executable
+from service.processes.redis_groups import ClusterGroup, SentinelGroup
 
 __all__ = ["RedisProcess", "free_port", "poll", "wait_for"]
 
@@ -178,3 +182,17 @@ def redis_process_factory() -> Iterator[Callable[..., RedisProcess]]:
     finally:
         for server in made:
             server.close()
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A real master + replica + three Sentinels (failover after 1 s of silence); stopped after."""
+    with SentinelGroup(tmp_path / "sentinel") as group:
+        yield group
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterGroup]:
+    """A real three-master Redis Cluster (``redis-cli --cluster create``); stopped after."""
+    with ClusterGroup(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster

@@ -1,4 +1,4 @@
-"""Admin REST for SREs (bearer token): runtime config, recent decisions, wait samples.
+"""Admin REST for SREs (bearer token): runtime config, recent decisions, wait samples, engines.
 
 ``PATCH /admin/config`` validates the patch, merges it into the current document and validates
 the result as a whole; any problem is a 422 naming the field. The new config is stored in Redis
@@ -128,3 +128,41 @@ async def recent_decisions(
 async def add_waits(samples: WaitSamples, svc: Svc) -> WaitSamplesStored:
     total = await svc.store.add_wait_samples(samples.waits_s)
     return WaitSamplesStored(stored=len(samples.waits_s), total=total)
+
+
+class EngineView(BaseModel):
+    #: The engine's id (its adapter's configured ``TENURE_ENGINE_ID``, a bounded label).
+    engine: str
+    resident_bytes: dict[str, int]
+    sessions_tracked: int
+    last_applied_seq: int
+    policy: str
+    reported_at: float
+    #: Sessions that arrived at this engine with earlier turns it never saw (router moves).
+    sessions_moved_in: int
+
+
+class EngineList(BaseModel):
+    engines: list[EngineView]
+
+
+@router.get("/engines", response_model=EngineList)
+async def engines(svc: Svc) -> EngineList:
+    """Per-engine residency as each engine's adapter last reported it (to any replica)."""
+    rows = await svc.store.engines()
+    return EngineList(
+        engines=[
+            EngineView(
+                engine=name,
+                resident_bytes={
+                    str(k): int(v) for k, v in summary.get("resident_bytes", {}).items()
+                },
+                sessions_tracked=int(summary.get("sessions_tracked", 0)),
+                last_applied_seq=int(summary.get("last_applied_seq", -1)),
+                policy=str(summary.get("policy", "")),
+                reported_at=float(summary.get("reported_at", 0.0)),
+                sessions_moved_in=moves,
+            )
+            for name, summary, moves in rows
+        ]
+    )

@@ -41,9 +41,11 @@ def serve(args: argparse.Namespace) -> int:
     for warning in settings.startup_warnings():
         print(f"tenure serve: warning: {warning}", file=sys.stderr)
     loop = "uvloop" if _has("uvloop") else "asyncio"
-    config = uvicorn_config(
-        create_app(settings, freeze_gc=True), settings, log_level=args.log_level, loop=loop
-    )
+    try:
+        app = create_app(settings, freeze_gc=True)
+    except SettingsError as exc:  # e.g. a worker-ranker artefact that does not load
+        raise UsageError(str(exc)) from None
+    config = uvicorn_config(app, settings, log_level=args.log_level, loop=loop)
     uvicorn.Server(config).run()
     return 0
 

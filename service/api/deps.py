@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from service.api.errors import ErrorResponse
 from service.api.recorder import Recorder
 from service.api.runtime import Runtime
+from service.api.segment_tracker import SegmentTracker
 from service.api.tenants import TenantResolver, bearer_token
 from service.metrics import Metrics
 from service.push.server import PushServer
@@ -47,7 +48,8 @@ _DESCRIPTIONS = {
     400: "the body is not valid JSON",
     401: "missing or unknown API key / admin token",
     404: "no such session (in the caller's tenant)",
-    409: "the session is finished, or the worker id is taken",
+    409: "the session is finished, the worker id is taken, or a boundary is out of order "
+    "(a worker returning twice, a lead returning, a return before its own workers')",
     413: "the body is larger than TENURE_API_MAX_BODY_BYTES",
     422: "a field, parameter or path segment is invalid (``detail`` lists each with its loc)",
     503: "session state (Redis) is unavailable; retry after Retry-After seconds",
@@ -87,6 +89,8 @@ class Services:
     clock: Callable[[], float]
     push: PushServer | None = None
     recorder: Recorder | None = None
+    #: Segment tracking (``TENURE_SEGMENTS``); None when off.
+    segments: SegmentTracker | None = None
 
 
 def get_services(request: Request) -> Services:

@@ -16,6 +16,7 @@ __all__ = [
     "HEADER_EXPECTED_GAP",
     "HEADER_LAST_TURN",
     "HEADER_PARENT",
+    "HEADER_REASONING",
     "HEADER_SEGMENT",
     "HEADER_SESSION",
     "MAX_GAP_S",
@@ -30,6 +31,8 @@ HEADER_LAST_TURN = "x-tenure-last-turn"
 HEADER_EXPECTED_GAP = "x-tenure-expected-gap-ms"
 HEADER_SEGMENT = "x-tenure-segment"
 HEADER_PARENT = "x-tenure-parent"
+#: Whether this turn's response reasons (its generation is declared a reasoning segment).
+HEADER_REASONING = "x-tenure-reasoning"
 
 #: Longest gap a hint may declare (30 days): anything longer is a unit mistake.
 MAX_GAP_S = 30 * 86400.0
@@ -37,7 +40,16 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _BODY_FIELDS = frozenset(
-    {"session", "session_id", "last_turn", "expected_gap_ms", "expected_gap_s", "segment", "parent"}
+    {
+        "session",
+        "session_id",
+        "last_turn",
+        "expected_gap_ms",
+        "expected_gap_s",
+        "segment",
+        "parent",
+        "reasoning",
+    }
 )
 
 
@@ -48,6 +60,7 @@ _KNOWN_PARAMS = frozenset(
         "X-Tenure-Expected-Gap-Ms",
         "X-Tenure-Segment",
         "X-Tenure-Parent",
+        "X-Tenure-Reasoning",
         "tenure",
         "body",
         "kv_transfer_params",
@@ -78,11 +91,17 @@ class Hints:
     expected_gap_s: float | None = None
     segment: str | None = None
     parent: str | None = None
+    #: How long the harness asks the session's prefix to be kept (a ``cache_control`` TTL,
+    #: from a route's own field or a dialect); forwarded as ``retention_s``. Not a session
+    #: hint on its own (see ``any``): a request that only carries it stays untracked.
+    retention_s: float | None = None
+    reasoning: bool | None = None
 
     @property
     def any(self) -> bool:
         return (
-            self.session is not None
+            self.reasoning is not None
+            or self.session is not None
             or self.last_turn
             or self.expected_gap_s is not None
             or self.segment is not None
@@ -151,6 +170,9 @@ def _from_headers(headers: Mapping[str, str]) -> dict[str, Any]:
     value = headers.get(HEADER_PARENT)
     if value is not None:
         found["parent"] = (validate_id("X-Tenure-Parent", value), "X-Tenure-Parent")
+    value = headers.get(HEADER_REASONING)
+    if value is not None:
+        found["reasoning"] = (_bool("X-Tenure-Reasoning", value), "X-Tenure-Reasoning")
     return found
 
 
@@ -170,6 +192,11 @@ def _from_body(obj: object) -> dict[str, Any]:
         if not isinstance(value, bool):
             raise HintError("tenure.last_turn", "tenure.last_turn must be true or false")
         found["last_turn"] = (value, "tenure.last_turn")
+    if "reasoning" in obj:
+        value = obj["reasoning"]
+        if not isinstance(value, bool):
+            raise HintError("tenure.reasoning", "tenure.reasoning must be true or false")
+        found["reasoning"] = (value, "tenure.reasoning")
     for key, scale in (("expected_gap_ms", 0.001), ("expected_gap_s", 1.0)):
         if key in obj:
             param = f"tenure.{key}"

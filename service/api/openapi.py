@@ -45,6 +45,20 @@ _SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "AnthropicError": {
+        "title": "AnthropicError",
+        "description": "An error in the Anthropic Messages API's style (on /v1/messages).",
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
     "TenureHints": {
         "title": "TenureHints",
         "description": "Lifecycle hints in the body (removed before forwarding); the same fields "
@@ -60,6 +74,7 @@ _SCHEMAS: dict[str, Any] = {
             "expected_gap_s": {"type": "number", "minimum": 0, "maximum": MAX_GAP_S},
             "segment": _ID,
             "parent": _ID,
+            "reasoning": {"type": "boolean"},
         },
     },
 }
@@ -77,6 +92,10 @@ _HINT_HEADERS: list[dict[str, Any]] = [
      "description": "the part of the context (lead, reviewer, reasoning, ...)"},
     {"name": "X-Tenure-Parent", "in": "header", "schema": _ID,
      "description": "the session that spawned this one"},
+    {"name": "X-Tenure-Reasoning", "in": "header",
+     "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
+     "description": "this turn's response reasons (segment tracking: its generation is a "
+     "reasoning segment, kept off the SSD tier)"},
 ]  # fmt: skip
 
 
@@ -183,6 +202,65 @@ def _passthrough() -> dict[str, Any]:
     return item
 
 
+_DIALECT_HEADERS: list[dict[str, Any]] = [
+    {"name": "X-Dynamo-Session-ID", "in": "header", "schema": {"type": "string"},
+     "description": "NVIDIA Dynamo's session id (see service/api/dialects.py)"},
+    {"name": "X-Dynamo-Parent-Session-ID", "in": "header", "schema": {"type": "string"},
+     "description": "NVIDIA Dynamo's parent session"},
+    {"name": "X-Dynamo-Session-Final", "in": "header", "schema": {"type": "string"},
+     "description": "NVIDIA Dynamo: true on the session's last request"},
+    {"name": "X-Session-Token", "in": "header", "schema": {"type": "string"},
+     "description": "llm-d's session-affinity token (lowest precedence)"},
+]  # fmt: skip
+
+
+def _tracked_route(summary: str, body: dict[str, Any], error_ref: str) -> dict[str, Any]:
+    def error(description: str) -> dict[str, Any]:
+        return {
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": error_ref}}},
+        }
+
+    responses = {
+        "200": _proxy_responses()["200"],
+        "400": error(
+            "malformed body, hints or route fields, or a previous_response_id this tenant "
+            "never received (nothing forwarded, nothing stored)"
+        ),
+        "401": error("unknown or missing API key (with tenants configured)"),
+        "413": error("body larger than TENURE_MAX_BODY_BYTES (not forwarded)"),
+        "502": error("the engine is unreachable"),
+        "503": error("a chained request while session state is unavailable (not forwarded)"),
+        "504": error("the engine did not answer in time"),
+        "default": error("whatever the engine answered, relayed"),
+    }
+    return {
+        "post": {
+            "tags": ["proxy"],
+            "summary": summary,
+            "parameters": _HINT_HEADERS + _DIALECT_HEADERS,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                **body,
+                                "stream": {"type": "boolean"},
+                                "tenure": {"$ref": "#/components/schemas/TenureHints"},
+                            },
+                            "additionalProperties": True,
+                        }
+                    }
+                },
+            },
+            "responses": responses,
+            "security": [{}, {"TenantKey": []}],
+        }
+    }
+
+
 def proxy_paths() -> dict[str, Any]:
     """Path items of the proxied routes."""
     messages = {"type": "array", "items": {"type": "object"}}
@@ -190,6 +268,21 @@ def proxy_paths() -> dict[str, Any]:
     return {
         "/v1/chat/completions": _completion_route("chat completion, proxied", "messages", messages),
         "/v1/completions": _completion_route("completion, proxied", "prompt", prompt),
+        "/v1/messages": _tracked_route(
+            "Anthropic Messages, proxied and tracked",
+            {"model": {"type": "string"}, "messages": messages, "metadata": {"type": "object"}},
+            "#/components/schemas/AnthropicError",
+        ),
+        "/v1/responses": _tracked_route(
+            "OpenAI Responses, proxied and tracked (chained by previous_response_id)",
+            {
+                "model": {"type": "string"},
+                "input": prompt,
+                "previous_response_id": {"type": "string"},
+                "prompt_cache_key": {"type": "string"},
+            },
+            "#/components/schemas/OpenAIError",
+        ),
         "/v1/{path}": _passthrough(),
     }
 

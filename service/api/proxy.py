@@ -25,6 +25,9 @@ tenant's session to the engine.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -34,22 +37,31 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from service.api.errors import openai_error
+from service.api import dialects
+from service.api.errors import openai_error, unavailable
 from service.api.hints import HintError, Hints, parse_hints
+from service.api.messages import MessagesShape
 from service.api.paths import PathRefused, check_passthrough_path
 from service.api.proxy_bodies import (
     NOT_JSON,
     BadBody,
     bad_body,
+    bad_body_message,
     drop_client_tenure,
     read_all,
     scan_completion,
     strip_client_tenure,
     unauthorized,
     wanted_headers,
+    with_session_headers,
 )
 from service.api.recorder import Recorder
+from service.api.responses import ResponsesShape, stored_response_id
+from service.api.route_shape import RouteInputError, RouteShape
 from service.api.runtime import Runtime
+from service.api.segment_tracker import PendingTurn as SegmentTurn
+from service.api.segment_tracker import SegmentRefused, SegmentTracker
+from service.api.segments import StreamFacts, response_facts
 from service.api.tenants import TenantResolver
 from service.api.turn_book import CUT, FAILED, OK, Turn, TurnBook
 from service.api.upstream import (
@@ -65,7 +77,9 @@ from service.api.upstream import (
 )
 from service.api.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse
 from service.metrics import Metrics
-from service.settings import Settings
+from service.settings import Settings, TenantSpec
+from service.state import aliases
+from service.state.breaker import StateUnavailable
 from service.state.keys import scoped_session_id
 from service.state.store import StateStore
 
@@ -92,9 +106,11 @@ class Proxy:
         tenants: TenantResolver,
         clock: Callable[[], float],
         recorder: Recorder | None = None,
+        segments: SegmentTracker | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
+        self.segments = segments
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
@@ -105,14 +121,23 @@ class Proxy:
         self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
         # With tenants configured the caller's bearer token is one of the sidecar's API keys.
         self._drop_client_auth = not tenants.open
+        # Router affinity headers (vllm-router's X-Session-ID, ...): set from the tracked
+        # session, and a client's own values dropped, so a router keys on the session the
+        # sidecar resolved, never on what a caller claims.
+        self._session_headers = tuple(
+            name.lower().encode() for name in settings.session_header_names
+        )
         # Built in the app's lifespan, so on the loop it serves. (Each get_running_loop() call
         # costs a getpid() system call on Python 3.11, several per request.)
-        self.turns = TurnBook(settings, store, runtime, metrics, clock, recorder)
+        self.turns = TurnBook(settings, store, runtime, metrics, clock, recorder, segments)
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
             route: metrics.sidecar_latency.labels(route)
-            for route in ("chat", "completions", "passthrough")
+            for route in ("chat", "completions", "passthrough", "messages", "responses")
         }
+        self._dialect_events: dict[tuple[str, str, str], Any] = {}
+        self._messages = MessagesShape()
+        self._responses = ResponsesShape()
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -122,15 +147,38 @@ class Proxy:
     async def completions(self, request: Request) -> Response:
         return await self._completion(request, "completions", "/v1/completions")
 
+    async def messages(self, request: Request) -> Response:
+        return await self.tracked(request, self._messages)
+
+    async def responses(self, request: Request) -> Response:
+        return await self.tracked(request, self._responses)
+
     async def passthrough(self, request: Request) -> Response:
         started = time.perf_counter()
-        tenant = self.tenants.resolve(request.headers.get("authorization"))
+        authorization = request.headers.get("authorization")
+        if authorization is None and "x-api-key" in request.headers:
+            authorization = f"Bearer {request.headers['x-api-key']}"  # Anthropic clients
+        tenant = self.tenants.resolve(authorization)
         if tenant is None:
             return self._done("passthrough", unauthorized(), started)
         try:
             check_passthrough_path(request.scope)
         except PathRefused as exc:
             return self._done("passthrough", exc.response, started)
+        answer_id = stored_response_id(request.url.path)
+        if answer_id is not None:
+            # vLLM serves stored responses to any caller: only the tenant whose request
+            # produced one may read or cancel it.
+            try:
+                owned = await aliases.resolve(self.store, tenant.name, answer_id)
+            except StateUnavailable as exc:
+                self.metrics.fail_open.inc()
+                return self._done("passthrough", unavailable(exc.retry_after_s), started)
+            if owned is None:
+                response = openai_error(
+                    404, f"response {answer_id[:128]!r} not found", code="not_found"
+                )
+                return self._done("passthrough", response, started)
         try:
             body = await self._read_body(request, request.headers.get("content-length"))
         except _TooLarge:
@@ -149,6 +197,116 @@ class Proxy:
         return await self._forward(
             request, "passthrough", request.method, path, body, None, started
         )
+
+    async def tracked(self, request: Request, shape: RouteShape) -> Response:
+        """A tracked route other than chat (``/v1/messages``, ``/v1/responses``): the chat
+        path's lifecycle with the route's own session keys, scanners and error format."""
+        started = time.perf_counter()
+        route = shape.name
+        headers = wanted_headers(request.scope["headers"])
+        authorization = headers.get("authorization")
+        if authorization is None and "x-api-key" in headers:
+            # The Anthropic clients send their key as x-api-key.
+            authorization = f"Bearer {headers['x-api-key']}"
+        tenant = self.tenants.resolve(authorization)
+        if tenant is None:
+            return self._done(route, unauthorized(shape), started)
+        try:
+            body = await self._read_body(request, headers.get("content-length"))
+        except _TooLarge:
+            self.metrics.hint_rejections.labels("body").inc()
+            message = f"request body is larger than {self.settings.max_body_bytes} bytes"
+            response = shape.error(413, message, param="body", code="body_too_large")
+            return self._done(route, response, started)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        try:
+            payload = _decode_json(body)
+        except (msgspec.DecodeError, RecursionError):
+            payload = NOT_JSON
+        if not isinstance(payload, dict):
+            self.metrics.hint_rejections.labels("body").inc()
+            message = bad_body_message(BadBody(payload is NOT_JSON))
+            response = shape.error(400, message, param="body", code="invalid_body")
+            return self._done(route, response, started)
+        turn: Turn | None = None
+        try:
+            hints = parse_hints(headers, payload.pop("tenure", None))
+            if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
+                raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
+            prepared = shape.prepare(payload, headers)
+            native = prepared.native
+            if prepared.chain is not None:
+                # Checked even when another key names the session: the engine would chain
+                # to the stored answer whatever the session is called.
+                chained = await self._chained(tenant, prepared.chain)
+                native = dataclasses.replace(native, session=native.session or chained)
+            hints = self._with_dialects(hints, headers, payload, native)
+            if hints.session is None and prepared.new_session is not None:
+                hints = dataclasses.replace(hints, session=prepared.new_session)
+            drop_client_tenure(payload)
+            digests: list[str] = []
+            if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
+                digests = prepared.infer()
+            turn = await self.turns.start(route, tenant, hints, payload, digests)
+            if turn is not None:
+                turn.shape = shape
+                turn.info = prepared.info
+            body = self._rewrite(payload, turn, hints)
+        except HintError as exc:
+            self.metrics.hint_rejections.labels(exc.label).inc()
+            response = shape.error(400, exc.message, param=exc.param, code="invalid_tenure_hint")
+            return self._done(route, response, started)
+        except RouteInputError as exc:
+            self.metrics.hint_rejections.labels("body").inc()
+            response = shape.error(exc.status, exc.message, param=exc.param, code=exc.code)
+            return self._done(route, response, started)
+        except StateUnavailable as exc:
+            # Only a chained request gets here: its chain cannot be checked without Redis,
+            # and forwarding it unchecked could reach another tenant's stored response.
+            self.metrics.fail_open.inc()
+            response = shape.error(
+                503, "session state is temporarily unavailable; retry later",
+                code="state_unavailable",
+            )  # fmt: skip
+            response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
+            return self._done(route, response, started)
+        except RecursionError:
+            self.turns.finish(turn, FAILED)
+            self.metrics.hint_rejections.labels("body").inc()
+            message = bad_body_message(BadBody(True))
+            response = shape.error(400, message, param="body", code="invalid_body")
+            return self._done(route, response, started)
+        return await self._forward(request, route, "POST", shape.path, body, turn, started, shape)
+
+    def _with_dialects(
+        self,
+        hints: Hints,
+        headers: dict[str, str],
+        payload: dict[str, Any],
+        native: dialects.Found,
+    ) -> Hints:
+        merged, events = dialects.apply(hints, dialects.read(headers, payload, native))
+        for event in events:
+            counter = self._dialect_events.get(event)
+            if counter is None:
+                counter = self._dialect_events[event] = self.metrics.dialect_fields.labels(*event)
+            counter.inc()
+        return merged
+
+    async def _chained(self, tenant: TenantSpec, answer_id: str) -> str:
+        """The session of the answer a request continues, within this tenant only."""
+        pending = self.turns.answers_pending.get((tenant.name, answer_id))
+        if pending is not None:
+            await asyncio.wait({pending}, timeout=2.0)
+        session = await aliases.resolve(self.store, tenant.name, answer_id)
+        if session is None:
+            raise RouteInputError(
+                "previous_response_id",
+                f"previous response {answer_id[:128]!r} not found",
+                code="previous_response_not_found",
+            )
+        return session
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait for pending end-of-turn writes (shutdown)."""
@@ -185,12 +343,26 @@ class Proxy:
             if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
                 # Checked before any state is written: a refused request leaves no trace.
                 raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
+            if dialects.has_dialect_headers(headers) or any(
+                key in payload for key in dialects.DIALECT_BODY_KEYS
+            ):
+                hints = self._with_dialects(hints, headers, payload, dialects.NOTHING)
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
+            pending = await self._admit_segments(route, tenant, hints, payload)
             turn = await self.turns.start(route, tenant, hints, payload)
             if turn is not None and self.recorder is not None:
                 turn.record = self.recorder.begin(payload, hints)
+            seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
             if turn is not None or had_tenure or dropped:
-                body = self._rewrite(payload, turn, hints)
+                body = self._rewrite(payload, turn, hints, seg_tags)
+        except SegmentRefused as exc:
+            self.turns.finish(turn, FAILED)
+            self.metrics.hint_rejections.labels(exc.param or "segments").inc()
+            return self._done(
+                route,
+                openai_error(exc.status, exc.message, param=exc.param, code=exc.code),
+                started,
+            )
         except HintError as exc:
             self.metrics.hint_rejections.labels(exc.label).inc()
             return self._done(
@@ -204,7 +376,42 @@ class Proxy:
             return self._done(route, bad_body(BadBody(True)), started)
         return await self._forward(request, route, "POST", path, body, turn, started)
 
-    def _rewrite(self, payload: dict[str, Any], turn: Turn | None, hints: Hints) -> bytes:
+    async def _admit_segments(
+        self, route: str, tenant: TenantSpec, hints: Hints, payload: dict[str, Any]
+    ) -> SegmentTurn | None:
+        """Segment tracking's checks, before the turn is counted (a refusal stores nothing)."""
+        if self.segments is None or hints.session is None:
+            return None
+        return await self.segments.admit(
+            tenant.name, hints.session, hints.parent, payload, route == "chat"
+        )
+
+    async def _segment_tags(
+        self,
+        request: Request,
+        turn: Turn | None,
+        pending: SegmentTurn | None,
+        payload: dict[str, Any],
+        hints: Hints,
+    ) -> dict[str, Any] | None:
+        if pending is None or turn is None or turn.turn == 0 or self.segments is None:
+            return None  # untracked, or forwarded fail-open without a turn number
+        headers = forward_headers(
+            request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
+        )
+        tags = await self.segments.tags(pending, turn.turn, payload, headers, hints.reasoning)
+        turn.segments = pending
+        if payload.get("stream"):
+            turn.stream = StreamFacts()
+        return tags
+
+    def _rewrite(
+        self,
+        payload: dict[str, Any],
+        turn: Turn | None,
+        hints: Hints,
+        seg_tags: dict[str, Any] | None = None,
+    ) -> bytes:
         if turn is not None:
             kv = payload.get("kv_transfer_params")
             if kv is None:
@@ -222,8 +429,12 @@ class Proxy:
                 tenure["parent"] = scoped_session_id(turn.tenant, hints.parent)
             if hints.expected_gap_s is not None:
                 tenure["expected_gap_s"] = hints.expected_gap_s
+            if hints.retention_s is not None:
+                tenure["retention_s"] = hints.retention_s
             if turn.turn == 0:
                 tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
+            if seg_tags is not None:
+                tenure.update(seg_tags)
             kv["tenure"] = tenure
             payload["kv_transfer_params"] = kv
         return _encode_json(payload)
@@ -239,10 +450,13 @@ class Proxy:
         body: bytes,
         turn: Turn | None,
         started: float,
+        shape: RouteShape | None = None,
     ) -> Response:
         headers_out = forward_headers(
             request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
         )
+        if self._session_headers:
+            headers_out = with_session_headers(headers_out, self._session_headers, turn)
         overhead = time.perf_counter() - started
 
         async def exchange() -> tuple[UpstreamResponse, bytes | None]:
@@ -261,6 +475,9 @@ class Proxy:
             return Response(status_code=499)
         except UpstreamError as exc:
             response, kind = upstream_failure(exc)
+            if shape is not None:
+                message = msgspec.json.decode(response.body)["error"]["message"]
+                response = shape.error(response.status_code, message, code=kind)
             self.metrics.upstream_errors.labels(kind).inc()
             self._count(route, response.status_code, overhead, time.perf_counter())
             # The upstream never took the turn: take it back (the session must not stay
@@ -275,14 +492,23 @@ class Proxy:
 
             def sent() -> None:
                 # After the answer left: none of this is the client's wait.
-                if turn is not None and status < 400:
-                    scan_completion(turn, content, encoding)
+                if turn is not None and status < 400 and not encoding:
+                    if turn.shape is not None:
+                        turn.shape.scan_body(turn, content)
+                    else:
+                        scan_completion(turn, content, encoding)
+                    if turn.segments is not None and turn.shape is None:
+                        turn.facts = response_facts(content)
                 self.turns.finish(turn, OK if status < 400 else FAILED)
                 self._count(route, status, overhead, resumed)
 
             return ProxiedResponse(content, status, headers, on_sent=sent)
 
-        on_chunk = turn.scan if turn is not None and status < 400 else None
+        on_chunk: Callable[[bytes], None] | None = None
+        if turn is not None and status < 400:
+            on_chunk = (
+                turn.scan if turn.shape is None else functools.partial(turn.shape.scan_chunk, turn)
+            )
 
         def on_complete(outcome: str, error: UpstreamError | None) -> None:
             if outcome == STREAM_UPSTREAM_CUT and error is not None:
@@ -301,6 +527,7 @@ class Proxy:
             headers=headers,
             on_chunk=on_chunk,
             on_complete=on_complete,
+            error_event=shape.stream_error if shape is not None else None,
         )
 
     # --- end of turn -------------------------------------------------------------------------

@@ -12,20 +12,25 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
+from service.api import dialects
 from service.api.errors import openai_error
+from service.api.route_shape import RouteShape
 from service.api.turn_book import Turn
 from service.api.upstream_client import UpstreamResponse
+from service.state.keys import scoped_session_id
 
 __all__ = [
     "NOT_JSON",
     "BadBody",
     "bad_body",
+    "bad_body_message",
     "drop_client_tenure",
     "read_all",
     "scan_completion",
     "strip_client_tenure",
     "unauthorized",
     "wanted_headers",
+    "with_session_headers",
 ]
 
 _decode_json = msgspec.json.decode
@@ -47,7 +52,14 @@ _completion_decoder = msgspec.json.Decoder(_Completion)
 _STRIP_DEPTH = 64
 #: Stands for a body that is not JSON at all (``None`` is a JSON value).
 NOT_JSON: Any = object()
-_READ_HEADERS = frozenset({b"authorization", b"content-length"})
+_READ_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"content-length",
+        b"x-api-key",
+        *(h.encode() for h in dialects.DIALECT_HEADERS),
+    }
+)
 
 
 async def read_all(upstream: UpstreamResponse) -> bytes:
@@ -87,13 +99,16 @@ class BadBody(Exception):
         self.undecodable = undecodable
 
 
-def bad_body(exc: BadBody) -> Response:
-    message = (
+def bad_body_message(exc: BadBody) -> str:
+    return (
         "the request body is not valid UTF-8 JSON, or is nested too deep"
         if exc.undecodable
         else "the request body must be a JSON object"
     )
-    return openai_error(400, message, param="body", code="invalid_body")
+
+
+def bad_body(exc: BadBody) -> Response:
+    return openai_error(400, bad_body_message(exc), param="body", code="invalid_body")
 
 
 def drop_client_tenure(payload: dict[str, Any]) -> bool:
@@ -164,7 +179,20 @@ def wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return found
 
 
-def unauthorized() -> Response:
+def with_session_headers(
+    headers: list[tuple[bytes, bytes]], names: tuple[bytes, ...], turn: Turn | None
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` without the client's router-affinity headers, plus the tracked session's."""
+    out = [(name, value) for name, value in headers if name.lower() not in names]
+    if turn is not None:
+        value = scoped_session_id(turn.tenant, turn.session).encode()
+        out.extend((name, value) for name in names)
+    return out
+
+
+def unauthorized(shape: RouteShape | None = None) -> Response:
+    if shape is not None:
+        return shape.error(401, "unknown or missing API key", code="invalid_api_key")
     return openai_error(
         401, "unknown or missing API key", type_="invalid_request_error", code="invalid_api_key"
     )

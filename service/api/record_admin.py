@@ -26,7 +26,7 @@ router = APIRouter(
     prefix="/admin/record",
     tags=["admin"],
     dependencies=[Depends(require_admin)],
-    responses=error_responses(401, 422, 503),
+    responses=error_responses(400, 401, 413, 422, 503),
 )
 Svc = Annotated[Services, Depends(get_services)]
 

@@ -72,7 +72,7 @@ class RecordStatus:
 class Recorder:
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         prefix: str,
         *,
         enabled: bool,

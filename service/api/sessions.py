@@ -1,4 +1,5 @@
-"""Lifecycle routes: end, suspend, resume, spawn workers, read sessions (tenant-scoped).
+"""Lifecycle routes: end, suspend, resume, spawn workers and their return, read sessions
+(tenant-scoped).
 
 Each write is one guarded read-modify-write of the session record (retried on a concurrent
 update) that also publishes the core's decision on the push channel. With Redis down every
@@ -17,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.api import decisions
 from service.api.deps import ApiError, Services, error_responses, get_services, tenant_of
+from service.api.segment_tracker import SegmentRefused
+from service.api.spawns import SpawnFacts
+from service.api.upstream import forward_headers
 from service.policy import lifecycle
 from service.settings import TenantSpec
 from service.state.records import SessionExists, SessionNotFound, SessionUpdate
@@ -68,6 +72,11 @@ class WorkerSpawn(BaseModel):
     worker_id: str = Field(pattern=ID_PATTERN)
     role: str = Field(default="worker", pattern=r"^[A-Za-z0-9_-]{1,32}$")
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: Spawn metadata for the worker ranker (``TENURE_SEGMENTS``; all optional).
+    subagent_type: str = Field(default="", pattern=r"^[A-Za-z0-9._ -]{0,64}$")
+    model: str = Field(default="", max_length=256)
+    expected_tokens: int = Field(default=0, ge=0, le=100_000_000)
+    background: bool = False
 
     @field_validator("metadata")
     @classmethod
@@ -102,6 +111,8 @@ class SessionView(BaseModel):
     segments: list[str] = Field(default_factory=list)
     workers: list[str] = Field(default_factory=list)
     inferred: bool = False
+    #: A spawned worker's lifetime as the ranker predicted it (segment tracking on).
+    predicted_lifetime_s: float | None = None
 
 
 class SessionList(BaseModel):
@@ -210,7 +221,58 @@ async def _transition(
 @router.post("/{session_id}/end", response_model=SessionView)
 async def end_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
     """Declare the session finished: its KV is reclaimed at once; the record expires later."""
-    return await _transition(svc, tenant, session_id, lambda _r, now: lifecycle.on_end(now))
+    result = await _transition(svc, tenant, session_id, lambda _r, now: lifecycle.on_end(now))
+    if svc.segments is not None:
+        # Ending a spawned worker is its return: its segments close in the engine too.
+        await svc.segments.end(tenant.name, session_id, result.turn, _engine_headers(svc))
+    return result
+
+
+@router.post("/{session_id}/return", response_model=SessionView)
+async def worker_return(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
+    """A spawned worker (or reviewer) returned to its parent: it is finished, and with segment
+    tracking on its KV segments close in the engine (its SSD files are deleted). ``/end`` on a
+    live worker does the same; a worker's request marked as its last turn is its return too.
+
+    409 for a lead session (it ends, it does not return), a worker that has returned already
+    (on this route, or on a request marked as its last turn), or one whose own workers are live.
+    """
+    record = await svc.store.get_session(tenant.name, session_id)
+    if record is None:
+        raise _not_found(session_id)
+    state = None
+    if svc.segments is not None:
+        try:
+            state = await svc.segments.check_return(tenant.name, session_id, record)
+        except SegmentRefused as exc:
+            raise ApiError(exc.status, exc.message, code=exc.code) from None
+    elif not record.parent:
+        raise ApiError(
+            409,
+            f"session {session_id!r} is a lead session; it ends, it does not return",
+            code="not_a_worker",
+        )
+    elif record.state == "finished":
+        raise ApiError(409, f"worker {session_id!r} returned twice", code="worker_returned")
+
+    def decide(current: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
+        if current.state == "finished":
+            raise _Conflict(f"worker {session_id!r} returned twice")
+        return lifecycle.on_end(now)
+
+    result = await _transition(svc, tenant, session_id, decide)
+    if svc.segments is not None and state is not None:
+        await svc.segments.returned(
+            tenant.name, session_id, state, record.turn, _engine_headers(svc)
+        )
+    return result
+
+
+def _engine_headers(svc: Services) -> list[tuple[bytes, bytes]]:
+    """Headers of the sidecar's own calls to the engine (its key, never a caller's)."""
+    key = svc.settings.upstream_api_key
+    auth = f"Bearer {key.get_secret_value()}" if key is not None else None
+    return forward_headers([], auth, drop_client_auth=True)
 
 
 @router.post("/{session_id}/suspend", response_model=SessionView)
@@ -335,7 +397,22 @@ async def spawn_worker(
     with contextlib.suppress(SessionNotFound):
         await svc.store.update_session(tenant.name, session_id, add_worker, now=now)
     created = SessionRecord.from_hash(update.fields)
-    return view(spawn.worker_id, created, now, svc.runtime.config.overdue_slack_s)
+    result = view(spawn.worker_id, created, now, svc.runtime.config.overdue_slack_s)
+    if svc.segments is not None:
+        facts = SpawnFacts(
+            subagent_type=spawn.subagent_type,
+            model=spawn.model,
+            expected_tokens=spawn.expected_tokens,
+            background=spawn.background,
+        )
+        try:
+            state = await svc.segments.spawn(
+                tenant.name, session_id, spawn.worker_id, spawn.role, facts, parent, now
+            )
+        except SegmentRefused as exc:  # the parent's record says finished first, in practice
+            raise ApiError(exc.status, exc.message, code=exc.code) from None
+        result.predicted_lifetime_s = state.predicted_lifetime_s
+    return result
 
 
 @router.get("/{session_id}", response_model=SessionView)

@@ -22,11 +22,16 @@ from service.api import decisions
 from service.api.hints import HintError, Hints
 from service.api.inference import prefix_digests
 from service.api.recorder import PendingTurn, Recorder
+from service.api.route_shape import RouteShape
 from service.api.runtime import Runtime
+from service.api.segment_tracker import PendingTurn as SegmentTurn
+from service.api.segment_tracker import SegmentTracker
+from service.api.segments import ResponseFacts, StreamFacts
 from service.api.turns import TurnForecasts
 from service.metrics import Metrics
 from service.policy import lifecycle, stop_class
 from service.settings import Settings, TenantSpec
+from service.state import aliases
 from service.state.breaker import StateUnavailable
 from service.state.records import TurnStart, Uncounted
 from service.state.scripts import ApplyStatus, RollbackStatus
@@ -63,11 +68,23 @@ class Turn:
     counting: asyncio.Task[TurnStart | Uncounted | None] | None = None
     stop_reason: str | None = None
     tool: str | None = None
+    #: The route's shape (None: chat and completions, scanned by ``scan`` below).
+    shape: RouteShape | None = None
+    #: The answer's own id where the API has one (``/v1/responses``), for chaining.
+    answer_id: str | None = None
+    #: The shape's typed reading of the request (``Prepared.info``).
+    info: Any = None
+    #: Segment tracking (``TENURE_SEGMENTS``): the turn's bookkeeping and its response's facts.
+    segments: SegmentTurn | None = None
+    facts: ResponseFacts | None = None
+    stream: StreamFacts | None = None
     #: While recording (service.api.recorder): the request side, and the answer's usage.
     record: PendingTurn | None = None
     usage: dict[str, int] | None = None
 
     def scan(self, chunk: bytes) -> None:
+        if self.stream is not None:
+            self.stream.feed(chunk)
         if b"finish_reason" in chunk:
             for match in _FINISH.finditer(chunk):
                 self.stop_reason = match.group(1).decode()
@@ -97,8 +114,10 @@ class TurnBook:
         metrics: Metrics,
         clock: Callable[[], float],
         recorder: Recorder | None = None,
+        segments: SegmentTracker | None = None,
     ) -> None:
         self.settings = settings
+        self.segments = segments
         self.recorder = recorder
         self.store = store
         self.runtime = runtime
@@ -106,6 +125,8 @@ class TurnBook:
         self.clock = clock
         self._loop = asyncio.get_running_loop()
         self._pending: set[asyncio.Task[Any]] = set()
+        #: ``(tenant, answer id)`` -> the end-of-turn write that will record its session.
+        self.answers_pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._forecasts = TurnForecasts() if settings.early_forward else None
         self._early = {
             outcome: metrics.early_forwards.labels(outcome)
@@ -117,20 +138,34 @@ class TurnBook:
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=timeout_s)
 
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a background task until it is done (and let ``drain`` wait for it)."""
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     async def start(
-        self, route: str, tenant: TenantSpec, hints: Hints, payload: Any
+        self,
+        route: str,
+        tenant: TenantSpec,
+        hints: Hints,
+        payload: Any,
+        digests: list[str] | None = None,
     ) -> Turn | None:
-        digests: list[str] = []
-        if hints.session is None:
+        if digests is not None:
+            # A shape's own prefix digests (its message format is not chat's).
+            digests = digests if hints.session is None and tenant.infer_sessions else []
+        else:
+            digests = []
+        if hints.session is None and route in ("chat", "completions"):
             messages = payload.get("messages") if isinstance(payload, dict) else None
             if route == "chat" and tenant.infer_sessions and isinstance(messages, list):
                 digests = prefix_digests(payload.get("model"), messages)
-            if not digests:
-                if hints.any:
-                    raise HintError(
-                        "X-Tenure-Session", "tenure hints need a session id (X-Tenure-Session)"
-                    )
-                return None  # no hints, nothing to infer: plain pass-through
+        if hints.session is None and not digests:
+            if hints.any:
+                raise HintError(
+                    "X-Tenure-Session", "tenure hints need a session id (X-Tenure-Session)"
+                )
+            return None  # no hints, nothing to infer: plain pass-through
         now = self.clock()
         forecast: int | None = None
         forecasting = (
@@ -219,9 +254,17 @@ class TurnBook:
     def finish(self, turn: Turn | None, outcome: str) -> None:
         if turn is None or turn.turn == 0:
             return  # untracked, or forwarded fail-open: there is no record to update
+        if turn.segments is not None and outcome == OK and self.segments is not None:
+            facts = turn.facts if turn.stream is None else turn.stream.facts()
+            self.keep(self.segments.record(turn.segments, facts, last_turn=turn.hints.last_turn))
         task = self._loop.create_task(self._record_turn_end(turn, outcome))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self.keep(task)
+        if turn.answer_id is not None and outcome != FAILED:
+            # A client may chain to this answer before its record is written: see
+            # Proxy._chained.
+            key = (turn.tenant, turn.answer_id)
+            self.answers_pending[key] = task
+            task.add_done_callback(lambda _t: self.answers_pending.pop(key, None))
 
     async def _record_turn_end(self, turn: Turn, outcome: str) -> None:
         start = turn.start
@@ -286,12 +329,26 @@ class TurnBook:
         except Exception:  # a bug here must not take the event loop's task down silently
             log.exception("recording the end of a turn failed")
             return
+        if turn.answer_id is not None:
+            await self._remember_answer(turn, start.session)
         if status is ApplyStatus.APPLIED:
             decisions.count(self.metrics, decision)
             if decision.expected_gap_s is not None:
                 self.metrics.gap_predicted.labels(stop_class(turn.stop_reason)).observe(
                     decision.expected_gap_s
                 )
+
+    async def _remember_answer(self, turn: Turn, session: str) -> None:
+        """Let a later request chain to this answer (``previous_response_id``)."""
+        assert turn.answer_id is not None
+        try:
+            await aliases.remember(
+                self.store, turn.tenant, turn.answer_id, session, self.settings.session_ttl_s
+            )
+        except StateUnavailable:
+            return
+        except Exception:
+            log.exception("recording an answer's session failed")
 
     async def _take_back(self, turn: Turn, start: TurnStart) -> None:
         try:

@@ -62,8 +62,9 @@ def forward_headers(
 ) -> list[tuple[bytes, bytes]]:
     """Request headers for upstream: hop-by-hop and ``X-Tenure-*`` removed, auth replaced.
 
-    ``drop_client_auth``: the caller's ``Authorization`` is a tenant key of the sidecar's,
-    never the upstream's to see (``authorization`` then replaces it, or nothing does).
+    ``drop_client_auth``: the caller's ``Authorization`` (or ``x-api-key``) is a tenant key of
+    the sidecar's, never the upstream's to see (``authorization`` then replaces it, or nothing
+    does).
     """
     out = []
     drop_auth = authorization is not None or drop_client_auth
@@ -71,7 +72,7 @@ def forward_headers(
         lowered = name.lower()
         if lowered in _HOP_BY_HOP_BYTES or lowered.startswith(b"x-tenure-"):
             continue
-        if drop_auth and lowered == b"authorization":
+        if drop_auth and lowered in _CLIENT_AUTH:
             continue
         out.append((name, value))
     if authorization is not None:
@@ -80,6 +81,8 @@ def forward_headers(
 
 
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in _HOP_BY_HOP)
+#: A caller's credentials: ``x-api-key`` is the Anthropic clients' spelling of the bearer key.
+_CLIENT_AUTH = frozenset({b"authorization", b"x-api-key"})
 
 
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -214,14 +217,18 @@ STREAM_CLIENT_GONE = "client_gone"
 STREAM_UPSTREAM_CUT = "upstream_cut"
 
 
+def stream_cut_reason(exc: UpstreamError) -> tuple[str, str]:
+    """``(message, code)`` for a stream the upstream broke."""
+    if exc.kind == "timeout":
+        return "the model server stopped sending in time", "upstream_timeout"
+    return "the model server ended the stream early", "upstream_unreachable"
+
+
 def _stream_error_event(exc: UpstreamError) -> bytes:
     """The SSE events that end a stream the upstream broke: an OpenAI-style error event (the
     official clients raise on it), then ``[DONE]``, so no client takes a cut answer for a
     whole one."""
-    if exc.kind == "timeout":
-        message, code = "the model server stopped sending in time", "upstream_timeout"
-    else:
-        message, code = "the model server ended the stream early", "upstream_unreachable"
+    message, code = stream_cut_reason(exc)
     body = _encode({"error": {"message": message, "type": code, "param": None, "code": code}})
     return b"data: " + body + b"\n\ndata: [DONE]\n\n"
 
@@ -243,9 +250,12 @@ class RelayResponse(_RelayedHeaders):
         headers: list[tuple[bytes, bytes]],
         on_chunk: Callable[[bytes], None] | None = None,
         on_complete: Callable[[str, UpstreamError | None], None] | None = None,
+        error_event: Callable[[UpstreamError], bytes] | None = None,
     ) -> None:
         super().__init__(status_code, headers, b"")  # streamed: no content-length
         self._upstream = upstream
+        #: The route's own way of ending a cut stream (Anthropic's ``event: error``).
+        self._error_event = error_event or _stream_error_event
         self._on_chunk = on_chunk
         self._on_complete = on_complete
         self._error: UpstreamError | None = None
@@ -264,7 +274,7 @@ class RelayResponse(_RelayedHeaders):
             # The upstream died mid-stream and the status is already sent: say so in the
             # stream itself.
             self._error = exc
-            await send({"type": "http.response.body", "body": _stream_error_event(exc)})
+            await send({"type": "http.response.body", "body": self._error_event(exc)})
             return STREAM_UPSTREAM_CUT
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return STREAM_DONE

@@ -20,8 +20,12 @@ __all__ = ["DEFAULT_PRIOR_S", "GapPredictor", "stop_class"]
 #: (tool-result gap 9 s, human-turn gap 127 s). Replaced by observations as they arrive.
 DEFAULT_PRIOR_S: Mapping[str, float] = {"tool": 9.0, "human": 127.0, "other": 30.0}
 
-_TOOL_STOPS = frozenset({"tool_use", "tool_calls", "function_call", "tool"})
-_HUMAN_STOPS = frozenset({"end_turn", "stop", "stop_sequence", "human", "max_tokens", "length"})
+# ``pause_turn`` (Anthropic): the server paused a long turn and the harness sends it straight
+# back, as after a tool call. ``refusal`` ends the turn: a human reads it next.
+_TOOL_STOPS = frozenset({"tool_use", "tool_calls", "function_call", "tool", "pause_turn"})
+_HUMAN_STOPS = frozenset(
+    {"end_turn", "stop", "stop_sequence", "human", "max_tokens", "length", "refusal"}
+)
 
 
 def stop_class(stop_reason: str | None) -> str:

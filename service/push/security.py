@@ -30,6 +30,9 @@ class PushSecurity:
     ipc_mode: int = 0o600
     #: Peers tracked at once.
     max_adapters: int = 64
+    #: Engine ids adapters may report under (configuration); others are labelled ``other``.
+    #: Empty: the first ids heard, up to the metrics' label budget.
+    engine_ids: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:  # never the secret key
         return (

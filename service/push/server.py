@@ -47,7 +47,7 @@ import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from service.metrics import Metrics
+from service.metrics import OTHER, Metrics
 from service.push.security import PushSecurity, bind_ipc, secure_socket
 from service.state.breaker import StateUnavailable
 from service.state.store import StateStore
@@ -292,10 +292,25 @@ class PushServer:
             peer.last_applied_seq = message.last_applied_seq
             self.metrics.record_counters(message)
             self.metrics.record_gauges(message, peer.adapter_id)
+            self.metrics.count_moves(peer.adapter_id, message.cold_sessions)
+            await self._record_engine(peer.adapter_id, message, now)
             behind = max(0, self.last_sent_seq - message.last_applied_seq)
             self.metrics.push_seq_behind.labels(peer.adapter_id).set(behind)
         else:
             self.metrics.push_bad_frames.inc()  # adapters never send decisions or snapshots
+
+    async def _record_engine(self, engine: str, report: ResidencyReport, now: float) -> None:
+        """Per-engine residency in Redis, so ``/admin/engines`` on any replica shows them all."""
+        summary = {
+            "resident_bytes": report.resident_bytes,
+            "sessions_tracked": report.sessions_tracked,
+            "last_applied_seq": report.last_applied_seq,
+            "policy": report.policy[:32],
+            "reported_at": now,
+        }
+        # Redis down: the metrics still count this report; the summary comes with the next.
+        with contextlib.suppress(StateUnavailable):
+            await self.store.record_engine(engine, summary, report.cold_sessions)
 
     def _touch(self, identity: bytes, label: str, now: float) -> _Peer | None:
         """The peer, adopted if new (a report from an adapter we forgot, or from before our
@@ -307,7 +322,12 @@ class PushServer:
             if len(self._peers) >= self.security.max_adapters:
                 self.metrics.push_refused_peers.inc()
                 return None
-            adapter = label if self._auth is not None else self.metrics.adapter_label(label)
+            if self._auth is not None:
+                adapter = label  # the name its key was registered under
+            elif self.security.engine_ids:
+                adapter = label if label in self.security.engine_ids else OTHER
+            else:
+                adapter = self.metrics.adapter_label(label)
             peer = self._peers[identity] = _Peer(identity, adapter, now, tokens_at=now)
             self.metrics.push_adapters.set(len(self._peers))
         peer.last_heard = now

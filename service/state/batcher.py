@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-__all__ = ["ScriptBatcher"]
+__all__ = ["DirectScripts", "ScriptBatcher"]
 
 #: Calls per pipeline at most; more wait for the next flush (which is scheduled at once).
 MAX_BATCH = 128
@@ -100,3 +100,11 @@ class ScriptBatcher:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+
+class DirectScripts:
+    """Each call on its own (Redis Cluster: redis-py routes it to the slot's master and
+    handles ``MOVED`` and ``NOSCRIPT``; a pipeline there would not reload scripts)."""
+
+    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        return await script(keys=keys, args=args)

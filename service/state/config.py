@@ -30,8 +30,10 @@ class PriceConfig(BaseModel):
         default=DEFAULT_PRICE.alpha1, gt=0, le=1e6, allow_inf_nan=False
     )
     beta2_gpu_s: float = Field(default=DEFAULT_PRICE.beta2, ge=0, le=1e6, allow_inf_nan=False)
+    # beta3 > 0: a free recompute makes every timer zero (the retention model refuses it, so
+    # a stored zero would stop the controller's every refresh).
     beta3_gpu_s: float = Field(
-        default=DEFAULT_PRICE.beta3, ge=0, le=1e6, allow_inf_nan=False, validate_default=True
+        default=DEFAULT_PRICE.beta3, gt=0, le=1e6, allow_inf_nan=False, validate_default=True
     )
 
     @field_validator("beta3_gpu_s")
@@ -64,7 +66,7 @@ class PricePatch(BaseModel):
 
     alpha1_gpu_s_per_s: float = Field(default_factory=_absent, gt=0, le=1e6, allow_inf_nan=False)
     beta2_gpu_s: float = Field(default_factory=_absent, ge=0, le=1e6, allow_inf_nan=False)
-    beta3_gpu_s: float = Field(default_factory=_absent, ge=0, le=1e6, allow_inf_nan=False)
+    beta3_gpu_s: float = Field(default_factory=_absent, gt=0, le=1e6, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -99,7 +101,9 @@ class RuntimeConfig(BaseModel):
     #: C2: suspended contexts the host tier holds.
     host_slots: float = Field(default=425.0, gt=0, le=1e9, allow_inf_nan=False)
     #: W_ref: reference residence of a suspended context, seconds.
-    w_ref_s: float = Field(default=1800.0, gt=0, le=30 * 86400, allow_inf_nan=False)
+    # ge=1 s: W_ref is a human-approval timescale; a tiny one makes lambda_crit = C2 / W_ref
+    # overflow to inf (an answer JSON cannot carry).
+    w_ref_s: float = Field(default=1800.0, ge=1.0, le=30 * 86400, allow_inf_nan=False)
     lambda_mode: Literal["auto", "fixed"] = "auto"
     #: The suspension rate used when ``lambda_mode`` is ``fixed``, per second.
     lambda_fixed_per_s: float | None = Field(
@@ -147,7 +151,7 @@ class ConfigPatch(BaseModel):
     policy_mode: str = Field(default_factory=_absent)
     host_capacity_bytes: dict[str, int] = Field(default_factory=_absent, max_length=16)
     host_slots: float = Field(default_factory=_absent, gt=0, le=1e9, allow_inf_nan=False)
-    w_ref_s: float = Field(default_factory=_absent, gt=0, le=30 * 86400, allow_inf_nan=False)
+    w_ref_s: float = Field(default_factory=_absent, ge=1.0, le=30 * 86400, allow_inf_nan=False)
     lambda_mode: Literal["auto", "fixed"] = Field(default_factory=_absent)
     lambda_fixed_per_s: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
     price: PricePatch = Field(default_factory=_absent)

@@ -14,6 +14,19 @@ Layout (``P`` = the configured prefix, ``T`` = tenant, ``S`` = session id within
 * ``P:waits``         list: observed suspension waits (seconds), newest first, bounded
 * ``P:suspends``      list: Unix times of recent suspensions (the lambda estimate), bounded
 * ``P:config``        string: runtime configuration (JSON) set through ``/admin/config``
+* ``P:seg:T:S``       string: one session's segment bookkeeping (JSON, bounded; see
+                      :mod:`service.state.segment_store`)
+* ``P:engines``       hash: engine id -> its newest residency summary (JSON), for
+                      ``/admin/engines`` on every replica (ids are bounded labels)
+* ``P:emoves``        hash: engine id -> sessions that moved to it (cold arrivals)
+
+On Redis Cluster every script touches the global keys (``dseq``, ``decisions``, ``dtable``)
+beside a tenant's, so all keys of a deployment must share one hash slot: the root is then the
+prefix in braces (``{tenure}:s:T:S``, see :meth:`Keys.build`). The decision sequence is one
+total order that the push channel relies on, so the keys are not spread across slots; a
+Cluster gives this deployment failover and lets several deployments (prefixes) share the
+cluster's masters. Hash-tagged names differ from plain ones: turning the tag on for an existing
+Redis needs ``tenure state migrate-keys`` (:mod:`service.state.migrate`).
 """
 
 from __future__ import annotations
@@ -33,13 +46,28 @@ def scoped_session_id(tenant: str, session: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
+    #: The root every key starts with: the configured prefix, in braces when hash-tagged.
     prefix: str
+
+    @classmethod
+    def build(cls, prefix: str, *, hash_tag: bool = False) -> Keys:
+        """Keys under ``prefix``; ``hash_tag`` puts them all in one Redis Cluster slot."""
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("the key prefix cannot contain braces (the hash tag adds them)")
+        return cls(f"{{{prefix}}}" if hash_tag else prefix)
+
+    @property
+    def hash_tagged(self) -> bool:
+        return self.prefix.startswith("{") and self.prefix.endswith("}")
 
     def session(self, tenant: str, session: str) -> str:
         return f"{self.prefix}:s:{tenant}:{session}"
 
     def live(self, tenant: str) -> str:
         return f"{self.prefix}:live:{tenant}"
+
+    def segments(self, tenant: str, session: str) -> str:
+        return f"{self.prefix}:seg:{tenant}:{session}"
 
     def prefix_hash(self, tenant: str, digest: str) -> str:
         return f"{self.prefix}:px:{tenant}:{digest}"
@@ -74,3 +102,11 @@ class Keys:
     @property
     def config(self) -> str:
         return f"{self.prefix}:config"
+
+    @property
+    def engines(self) -> str:
+        return f"{self.prefix}:engines"
+
+    @property
+    def engine_moves(self) -> str:
+        return f"{self.prefix}:emoves"

@@ -16,28 +16,45 @@ matched to their calls); the next call reconnects. A script missing from the ser
 (a restarted Redis) is sent once with ``EVAL``, which also caches it again. Error replies are
 ``redis.exceptions.ResponseError``, raised to the caller that got them only.
 
-Only plain TCP connections are multiplexed; unix-socket and TLS URLs keep redis-py
-(:meth:`MultiplexedScripts.for_client` returns ``None``).
+Only plain TCP connections are multiplexed; unix-socket and TLS URLs and Redis Cluster keep
+redis-py (:meth:`MultiplexedScripts.for_client` returns ``None``). Behind Sentinel the master's
+address is asked of the Sentinels on every (re)connect, and a ``READONLY`` reply (the server was
+demoted by a failover) drops the connection like a lost one, so the next call reaches the new
+master.
+
+``wait_replicas`` > 0 follows each script with ``WAIT n timeout`` on the same connection (so it
+covers that script's writes): the call returns once ``n`` replicas acknowledged them or the
+timeout passed; ``on_short_wait`` is told when fewer did (the write stands on the master).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError, InvalidResponse, NoScriptError, ResponseError
+from redis.exceptions import (
+    ConnectionError,
+    InvalidResponse,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.state.connection import pack_command
 
 __all__ = ["MultiplexedScripts"]
+
+#: Where to connect, asked again on every (re)connect (Sentinel: the current master).
+Resolver = Callable[[], Awaitable[tuple[str, int]]]
 
 
 class _Protocol(asyncio.Protocol):
@@ -100,7 +117,15 @@ class MultiplexedScripts:
         password: str | None = None,
         timeout_s: float = 0.5,
         connect_timeout_s: float = 0.5,
+        resolve: Resolver | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 100,
+        on_short_wait: Callable[[int], None] | None = None,
     ) -> None:
+        self._resolve = resolve
+        self._wait = ("WAIT", wait_replicas, wait_timeout_ms) if wait_replicas > 0 else None
+        self._wait_replicas = wait_replicas
+        self._on_short_wait = on_short_wait
         self._host = host
         self._port = port
         self._db = db
@@ -115,23 +140,40 @@ class MultiplexedScripts:
         return f"MultiplexedScripts({self._host}:{self._port}/{self._db})"
 
     @classmethod
-    def for_client(cls, client: aioredis.Redis) -> MultiplexedScripts | None:
-        """The same server, database and credentials as ``client``; None unless plain TCP."""
+    def for_client(
+        cls,
+        client: aioredis.Redis | aioredis.RedisCluster,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 100,
+        on_short_wait: Callable[[int], None] | None = None,
+    ) -> MultiplexedScripts | None:
+        """The same server (or Sentinel master), database and credentials as ``client``;
+        None unless plain TCP."""
+        if not isinstance(client, aioredis.Redis):
+            return None  # a cluster routes by slot: redis-py's client does that
         pool = client.connection_pool
         kind = pool.connection_class
         if not issubclass(kind, Connection) or issubclass(kind, SSLConnection):
             return None
         kw = pool.connection_kwargs
-        if "path" in kw or "host" not in kw:
+        resolve: Resolver | None = None
+        if isinstance(pool, SentinelConnectionPool):
+            resolve = pool.get_master_address
+        elif "path" in kw or "host" not in kw:
             return None
         return cls(
-            kw["host"],
+            kw.get("host", ""),
             int(kw.get("port", 6379)),
             db=int(kw.get("db", 0) or 0),
             username=kw.get("username"),
             password=kw.get("password"),
             timeout_s=kw.get("socket_timeout") or 0.5,
             connect_timeout_s=kw.get("socket_connect_timeout") or 0.5,
+            resolve=resolve,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+            on_short_wait=on_short_wait,
         )
 
     async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -139,22 +181,52 @@ class MultiplexedScripts:
         if protocol is None or protocol.closed:
             protocol = await self._connect()
         numkeys = len(keys)
-        reply = await self._await(
-            protocol, protocol.send(pack_command("EVALSHA", script.sha, numkeys, *keys, *args))
+        reply = await self._send(
+            protocol, pack_command("EVALSHA", script.sha, numkeys, *keys, *args)
         )
         if isinstance(reply, ResponseError):
             error = _error(reply)  # redis-py's classes (LOADING, NOSCRIPT, ...)
             if not isinstance(error, NoScriptError):
-                raise error
-            reply = await self._await(
-                protocol, protocol.send(pack_command("EVAL", script.script, numkeys, *keys, *args))
+                raise self._demoted(protocol, error)
+            reply = await self._send(
+                protocol, pack_command("EVAL", script.script, numkeys, *keys, *args)
             )
             if isinstance(reply, ResponseError):
-                raise _error(reply)
+                raise self._demoted(protocol, _error(reply))
         return reply
 
-    async def _await(self, protocol: _Protocol, waiter: asyncio.Future[Any]) -> Any:
-        timer = protocol.loop.call_later(self._timeout, _expire, waiter)
+    async def _send(self, protocol: _Protocol, payload: bytes) -> Any:
+        if self._wait is None:
+            return await self._await(protocol, protocol.send(payload))
+        # The script and its WAIT leave together; replies come back in the same order.
+        reply_waiter = protocol.send(payload)
+        acked_waiter = protocol.send(pack_command(*self._wait))
+        # Read even if the script's reply fails first (no "exception never retrieved").
+        acked_waiter.add_done_callback(_retrieve)
+        reply = await self._await(protocol, reply_waiter)
+        # WAIT itself may take its whole timeout: the reply deadline is extended by it.
+        acked = await self._await(protocol, acked_waiter, extra_s=self._wait[2] / 1000)
+        if (
+            isinstance(acked, int)
+            and acked < self._wait_replicas
+            and self._on_short_wait is not None
+        ):
+            self._on_short_wait(acked)
+        return reply
+
+    @staticmethod
+    def _demoted(protocol: _Protocol, error: ResponseError) -> Exception:
+        if isinstance(error, ReadOnlyError):
+            # A failover demoted this server: reconnect (to the new master) on the next call.
+            failure = ConnectionError("the Redis master was demoted to a replica")
+            protocol.fail(failure)
+            return failure
+        return error
+
+    async def _await(
+        self, protocol: _Protocol, waiter: asyncio.Future[Any], *, extra_s: float = 0.0
+    ) -> Any:
+        timer = protocol.loop.call_later(self._timeout + extra_s, _expire, waiter)
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -173,6 +245,8 @@ class MultiplexedScripts:
 
     async def _open(self) -> _Protocol:
         loop = asyncio.get_running_loop()
+        if self._resolve is not None:
+            self._host, self._port = await self._resolve()
         try:
             _, protocol = await asyncio.wait_for(
                 loop.create_connection(_Protocol, self._host, self._port),
@@ -202,6 +276,11 @@ class MultiplexedScripts:
         if self._protocol is not None:
             self._protocol.fail(ConnectionError("closed"))
             self._protocol = None
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _expire(waiter: asyncio.Future[Any]) -> None:

@@ -1,4 +1,5 @@
-"""The state store's samples and runtime config: gap observations, waits, the config document.
+"""The state store's samples and runtime config: gap observations, waits, the config document,
+the engines' residency summaries.
 
 Part of :class:`~service.state.store.StateStore` (which sets ``client``, ``keys``, ``limits``
 and guards every call with its breaker): the reads and writes off the per-request path that
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 
 from service.state.keys import Keys
 from service.state.records import GapObservation, StoreLimits, parse_observation, text
+from service.state.topology import RedisClient
 
 __all__ = ["YIELD_EVERY", "SamplesAndConfig"]
 
@@ -28,7 +30,7 @@ YIELD_EVERY = 256
 class SamplesAndConfig:
     """Sample lists and the runtime config document (see the module docstring)."""
 
-    client: aioredis.Redis
+    client: RedisClient
     keys: Keys
     limits: StoreLimits
 
@@ -120,3 +122,37 @@ class SamplesAndConfig:
                         continue
 
         return await self._call("config", transact)
+
+    # --- engines (several behind a router) -----------------------------------------------
+
+    async def record_engine(self, engine: str, summary: Mapping[str, Any], moves: int) -> None:
+        """The newest residency summary of ``engine`` (a bounded label), and its moves."""
+        k = self.keys
+
+        async def write() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(k.engines, engine, msgspec.json.encode(summary))
+                if moves > 0:
+                    pipe.hincrby(k.engine_moves, engine, moves)
+                await pipe.execute()
+
+        await self._call("engines", write)
+
+    async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
+        """``(engine, newest summary, sessions moved to it)`` of every engine ever reported."""
+        k = self.keys
+
+        async def read() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(k.engines)
+                pipe.hgetall(k.engine_moves)
+                return list(await pipe.execute())
+
+        summaries, moves = await self._call("engines", read)
+        counts = {text(name): int(value) for name, value in moves.items()}
+        out = []
+        for name, raw in sorted(summaries.items()):
+            summary = msgspec.json.decode(raw)
+            if isinstance(summary, dict):
+                out.append((text(name), summary, counts.get(text(name), 0)))
+        return out

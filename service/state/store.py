@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from service.state import scripts
-from service.state.batcher import ScriptBatcher
+from service.state.batcher import DirectScripts, ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
@@ -30,6 +30,7 @@ from service.state.records import (
 )
 from service.state.samples import SamplesAndConfig
 from service.state.scripts import ApplyStatus, RollbackStatus
+from service.state.topology import RedisClient
 from service.wire.decision_codec import decision_body, decision_parts, decode_decision
 from service.wire.push import Decision
 from service.wire.session_record import RecordField, SessionRecord
@@ -44,12 +45,15 @@ class StateStore(SamplesAndConfig):
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         keys: Keys,
         breaker: Breaker,
         limits: StoreLimits | None = None,
         *,
         multiplex: bool = True,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 100,
+        on_short_wait: Callable[[int], None] | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -59,9 +63,25 @@ class StateStore(SamplesAndConfig):
         self._apply: AsyncScript = client.register_script(scripts.APPLY)
         self._rollback: AsyncScript = client.register_script(scripts.ROLLBACK)
         # The two hot-path scripts: over one pipelined connection where the URL allows (plain
-        # TCP), else through redis-py with same-iteration calls coalesced.
-        fast = MultiplexedScripts.for_client(client) if multiplex else None
-        self._scripts: MultiplexedScripts | ScriptBatcher = fast or ScriptBatcher(client)
+        # TCP, also behind Sentinel), else through redis-py with same-iteration calls
+        # coalesced; on a cluster one by one (redis-py routes each to its slot's master).
+        fast = (
+            MultiplexedScripts.for_client(
+                client,
+                wait_replicas=wait_replicas,
+                wait_timeout_ms=wait_timeout_ms,
+                on_short_wait=on_short_wait,
+            )
+            if multiplex
+            else None
+        )
+        self._scripts: MultiplexedScripts | ScriptBatcher | DirectScripts
+        if fast is not None:
+            self._scripts = fast
+        elif isinstance(client, aioredis.RedisCluster):
+            self._scripts = DirectScripts()
+        else:
+            self._scripts = ScriptBatcher(client)
 
     async def aclose(self) -> None:
         """Close the hot path's own connection (the redis-py client is closed by its owner)."""

@@ -169,6 +169,8 @@ class ResidencyReport(msgspec.Struct, tag="residency", kw_only=True, frozen=True
     bytes_stored: int = 0
     bytes_loaded: int = 0
     ttl_expiries: int = 0
+    #: Sessions that arrived here with earlier turns this engine never saw (moved to it).
+    cold_sessions: int = 0
     #: Gauges: resident bytes per tier name (e.g. ``{"cpu": 123}``) and live sessions known.
     resident_bytes: dict[str, int] = msgspec.field(default_factory=dict)
     sessions_tracked: int = 0

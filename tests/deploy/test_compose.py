@@ -183,3 +183,91 @@ def test_docker_compose_config_validates(repo: Path, tmp_path: Path) -> None:
         check=False,
     )
     assert refused.returncode != 0 and "TENURE_ADMIN_TOKEN" in refused.stderr
+
+
+# --- the scaled layout (docker-compose.scaled.yml on top) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scaled(repo: Path, compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """docker-compose.yml with docker-compose.scaled.yml merged on top (mappings merge, the
+    rest is replaced, as ``docker compose -f a -f b`` does for these keys)."""
+    overlay: dict[str, Any] = yaml.safe_load((repo / "docker-compose.scaled.yml").read_text())
+    services = {name: dict(service) for name, service in compose["services"].items()}
+    for name, service in overlay["services"].items():
+        base = dict(services.get(name, {}))
+        if "extends" in service:
+            base = dict(compose["services"][service["extends"]["service"]])
+        for key, value in service.items():
+            if key == "environment" and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            elif key != "extends":
+                base[key] = value
+        services[name] = base
+    return services
+
+
+def test_scaled_layout_wiring(scaled: dict[str, dict[str, Any]], repo: Path) -> None:
+    """sidecars -> router (consistent_hash on the header they set) -> every engine; each
+    engine reports under a listed id to a sidecar's push channel; Redis via three Sentinels."""
+    from service.settings import Settings
+
+    known = {f"TENURE_{name.upper()}" for name in Settings.model_fields}
+    sidecars = [n for n in scaled if n.startswith("tenure")]
+    engines = [n for n in scaled if n.startswith("vllm")]
+    assert len(sidecars) >= 2 and len(engines) >= 2
+    router = scaled["router"]
+    assert _arg(router["command"], "--policy") == "consistent_hash"
+    workers = router["command"][router["command"].index("--worker-urls") + 1 :]
+    workers = [
+        w for w in workers[: next((i for i, w in enumerate(workers) if w.startswith("--")), None)]
+    ]
+    assert {urlsplit(w).hostname for w in workers} == set(engines)
+    for worker in workers:
+        url = urlsplit(worker)
+        assert str(url.port) == _arg(scaled[str(url.hostname)]["command"], "--port")
+    assert (repo / router["build"]["context"] / router["build"]["dockerfile"]).is_file()
+    engine_ids = set()
+    for name in sidecars:
+        env = _env(scaled[name])
+        assert set(env) <= known, sorted(set(env) - known)
+        upstream = urlsplit(env["TENURE_UPSTREAM_URL"])
+        assert upstream.hostname == "router"
+        assert str(upstream.port) == _arg(router["command"], "--port")
+        assert "X-Session-ID" in env["TENURE_UPSTREAM_SESSION_HEADERS"].split(",")
+        engine_ids = set(env["TENURE_PUSH_ENGINE_IDS"].split(","))
+        for address in env["TENURE_REDIS_SENTINELS"].split(","):
+            host, port = address.rsplit(":", 1)
+            assert host in scaled and port == "26379", address
+        assert env["TENURE_REDIS_SENTINEL_MASTER"] == "tenure"
+    reported = []
+    for name in engines:
+        env = _env(scaled[name])
+        reported.append(env["TENURE_ENGINE_ID"])
+        config = json.loads(_arg(scaled[name]["command"], "--kv-transfer-config"))
+        push = urlsplit(config["kv_connector_extra_config"]["tenure_push_addr"])
+        assert push.hostname in sidecars and push.geturl() == env["TENURE_PUSH_ADDR"]
+    assert sorted(reported) == sorted(engine_ids), "engine ids must be listed, each once"
+    sentinel_command = " ".join(scaled["sentinel-1"]["command"])
+    assert "sentinel monitor tenure redis 6379 2" in sentinel_command
+    assert _arg(scaled["redis-replica"]["command"], "--replicaof") == "redis"
+
+
+@pytest.mark.skipif(DOCKER_COMPOSE is None, reason="docker-compose is not installed")
+def test_scaled_compose_config_validates(repo: Path, tmp_path: Path) -> None:
+    assert DOCKER_COMPOSE is not None
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TENURE_", "GRAFANA_"))}
+    base["HOME"] = str(tmp_path)
+    ok = subprocess.run(
+        [DOCKER_COMPOSE, "-f", "docker-compose.yml", "-f", "docker-compose.scaled.yml", "config"],
+        cwd=repo,
+        env={**base, "TENURE_ADMIN_TOKEN": "t" * 32, "GRAFANA_ADMIN_PASSWORD": "p" * 16},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    merged = yaml.safe_load(ok.stdout)["services"]
+    assert merged["tenure"]["environment"]["TENURE_UPSTREAM_URL"] == "http://router:8000"
+    assert merged["vllm-b"]["environment"]["TENURE_ENGINE_ID"] == "engine-b"

@@ -19,6 +19,8 @@ import pytest
 import yaml
 
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Kinds that run pods from a template.
+WORKLOADS = ("Deployment", "StatefulSet")
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +54,29 @@ def _port(container: dict[str, Any], name_or_number: str | int) -> int:
 def _service_target(
     manifests: dict[tuple[str, str], dict[str, Any]], host: str, port: int
 ) -> tuple[dict[str, Any], int]:
-    """The Deployment a ``host:port`` inside the cluster reaches, and the container port."""
+    """The workload a ``host:port`` inside the cluster reaches, and the container port. A
+    StatefulSet pod's own name (``vllm-0.vllm``) reaches that pod through the headless
+    Service, if the ordinal exists."""
+    pod, _, service_name = host.partition(".")
+    if service_name:
+        service = manifests[("Service", service_name)]
+        assert service["spec"].get("clusterIP") == "None", f"{service_name} is not headless"
+        workload, container_port = _service_target(manifests, service_name, port)
+        assert workload["kind"] == "StatefulSet" and workload["spec"]["serviceName"] == service_name
+        name, _, ordinal = pod.rpartition("-")
+        assert name == workload["metadata"]["name"] and ordinal.isdigit(), host
+        assert int(ordinal) < workload["spec"]["replicas"], f"{host}: no such replica"
+        return workload, container_port
     service = manifests[("Service", host)]
     [spec_port] = [p for p in service["spec"]["ports"] if p["port"] == port]
     selector = service["spec"]["selector"]
     targets = [
         d
         for (kind, _), d in manifests.items()
-        if kind == "Deployment"
+        if kind in WORKLOADS
         and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
     ]
-    assert len(targets) == 1, f"Service {host} selects {len(targets)} deployments"
+    assert len(targets) == 1, f"Service {host} selects {len(targets)} workloads"
     return targets[0], _port(_container(targets[0]), spec_port["targetPort"])
 
 
@@ -79,7 +93,7 @@ def test_objects_are_well_formed(manifests: dict[tuple[str, str], dict[str, Any]
     for (kind, name), doc in manifests.items():
         assert doc["apiVersion"], (kind, name)
         assert DNS_1123.match(name), name
-        if kind == "Deployment":
+        if kind in WORKLOADS:
             labels = doc["spec"]["template"]["metadata"]["labels"]
             assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
             container = _container(doc)
@@ -101,8 +115,8 @@ def test_sidecar_is_replicated_and_scraped(
     assert sidecar["spec"]["replicas"] >= 2
     pdb = manifests[("PodDisruptionBudget", "tenure")]
     assert 1 <= pdb["spec"]["minAvailable"] < sidecar["spec"]["replicas"]
-    for name in ("tenure", "vllm"):
-        deployment = manifests[("Deployment", name)]
+    for key in (("Deployment", "tenure"), ("StatefulSet", "vllm")):
+        deployment = manifests[key]
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
         assert annotations["prometheus.io/path"] == "/metrics"
@@ -131,18 +145,63 @@ def test_settings_come_from_configmap_and_secret(
     json.loads(secret["TENURE_TENANTS"])
 
 
-def test_sidecar_reaches_vllm_and_redis(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    """The values after ``flag`` up to the next ``--flag``."""
+    start = args.index(flag) + 1
+    values = []
+    for arg in args[start:]:
+        if arg.startswith("--"):
+            break
+        values.append(arg)
+    return values
+
+
+def test_sidecar_reaches_the_router_the_engines_and_redis(
+    manifests: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    """sidecar -> vllm-router (consistent_hash, every engine pod listed) -> vLLM pods; the
+    session header is set; the engine ids are the pods' names; Redis through Sentinel."""
+    from service.settings import load_settings
+
     config = manifests[("ConfigMap", "tenure-settings")]["data"]
     upstream = urlsplit(config["TENURE_UPSTREAM_URL"])
-    engine, engine_port = _service_target(
+    router, router_port = _service_target(
         manifests, str(upstream.hostname), int(upstream.port or 80)
     )
-    assert engine["metadata"]["name"] == "vllm"
-    args = _container(engine)["args"]
-    assert int(args[args.index("--port") + 1]) == engine_port
-    redis_url = urlsplit(config["TENURE_REDIS_URL"])
-    store, _ = _service_target(manifests, str(redis_url.hostname), int(redis_url.port or 6379))
-    assert store["metadata"]["name"] == "redis"
+    assert router["metadata"]["name"] == "vllm-router"
+    args = _container(router)["args"]
+    assert int(args[args.index("--port") + 1]) == router_port
+    assert args[args.index("--policy") + 1] == "consistent_hash"
+    assert "X-Session-ID" in config["TENURE_UPSTREAM_SESSION_HEADERS"].split(",")
+    engines = manifests[("StatefulSet", "vllm")]
+    workers = _flag_values(args, "--worker-urls")
+    assert len(workers) == engines["spec"]["replicas"] >= 2
+    for worker in workers:
+        url = urlsplit(worker)
+        engine, port = _service_target(manifests, str(url.hostname), int(url.port or 80))
+        assert engine is engines
+        engine_args = _container(engine)["args"]
+        assert int(engine_args[engine_args.index("--port") + 1]) == port
+    ids = {f"vllm-{i}" for i in range(engines["spec"]["replicas"])}
+    assert set(config["TENURE_PUSH_ENGINE_IDS"].split(",")) == ids
+    env = {e["name"]: e for e in _container(engines)["env"]}
+    assert env["TENURE_ENGINE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # Redis: the Sentinels (each one a pod of the sentinel StatefulSet) watch redis-0.
+    sentinels = config["TENURE_REDIS_SENTINELS"].split(",")
+    assert len(sentinels) >= 3
+    for address in sentinels:
+        host, port = address.rsplit(":", 1)
+        workload, _ = _service_target(manifests, host, int(port))
+        assert workload["metadata"]["name"] == "redis-sentinel"
+    sentinel_args = " ".join(_container(manifests[("StatefulSet", "redis-sentinel")])["args"])
+    master = config["TENURE_REDIS_SENTINEL_MASTER"]
+    assert f"sentinel monitor {master} redis-0.redis 6379 2" in sentinel_args
+    store, _ = _service_target(manifests, "redis-0.redis", 6379)
+    assert store["metadata"]["name"] == "redis" and store["spec"]["replicas"] >= 2
+    settings = load_settings(
+        **{k.removeprefix("TENURE_").lower(): v for k, v in config.items()}, dev_mode=True
+    )
+    assert settings.redis_sentinels and settings.session_header_names == ("X-Session-ID",)
     sidecar = _container(manifests[("Deployment", "tenure")])
     assert _port(sidecar, "http") == int(config["TENURE_PORT"])
 
@@ -150,7 +209,7 @@ def test_sidecar_reaches_vllm_and_redis(manifests: dict[tuple[str, str], dict[st
 def test_vllm_runs_tenure_and_reaches_the_push_channel(
     manifests: dict[tuple[str, str], dict[str, Any]],
 ) -> None:
-    engine = _container(manifests[("Deployment", "vllm")])
+    engine = _container(manifests[("StatefulSet", "vllm")])
     args = engine["args"]
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     extra = kv["kv_connector_extra_config"]
@@ -199,7 +258,7 @@ def test_scrape_config_relabels_jobs_the_alerts_use(
     components = {
         d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
         for (kind, _), d in manifests.items()
-        if kind == "Deployment"
+        if kind in WORKLOADS
     }
     assert {r["regex"] for r in relabels if r.get("target_label") == "job"} <= components
 

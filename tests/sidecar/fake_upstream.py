@@ -9,7 +9,10 @@ It records every request it receives (headers and JSON body) and behaves by mode
 * ``die``: streams one chunk, then the server fails and drops the connection mid-answer;
 * ``slow``: answers after ``slow_s`` seconds (upstream timeouts);
 * ``hang``: streams one chunk (or, not streaming, nothing), then waits until the client goes
-  away (records the cancellation).
+  away (records the cancellation);
+* ``reasoning``: a reasoning model's answer (``message.reasoning`` beside the content) with
+  ``usage`` (``reasoning_tokens`` included), counted as :func:`prompt_tokens` renders;
+  ``POST /tokenize`` counts a chat prompt the same way (vLLM's route).
 
 Streaming requests get SSE chunks.
 """
@@ -48,6 +51,8 @@ class FakeUpstream:
     slow_s: float = 3.0
     received: list[Received] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Responses answered so far (their ids are ``resp_<n>``).
+    responses: int = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,10 +70,21 @@ class FakeUpstream:
             body = raw
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         self.received.append(Received(scope["path"], headers, body))
+        if scope["path"] == "/tokenize" and isinstance(body, dict):
+            await _json(send, 200, {"count": prompt_tokens(body.get("messages") or [])})
+            return
         if scope["path"] == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [{"id": "echo"}]})
             return
         model = body.get("model", "echo") if isinstance(body, dict) else "echo"
+        if scope["path"] in ("/v1/messages", "/v1/responses") and model not in _SPECIAL_MODELS:
+            streamed = isinstance(body, dict) and bool(body.get("stream"))
+            if scope["path"] == "/v1/messages":
+                await _anthropic(send, model, streamed)
+            else:
+                self.responses += 1
+                await _responses(send, model, streamed, f"resp_{self.responses:06d}")
+            return
         if model == "error":
             await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})
             return
@@ -87,6 +103,9 @@ class FakeUpstream:
                 if message["type"] == "http.disconnect":
                     self.cancelled.set()
                     return
+        if model == "reasoning" and not stream and isinstance(body, dict):
+            await _json(send, 200, reasoning_answer(body.get("messages") or []))
+            return
         if not stream:
             message_body: dict[str, Any] = {"role": "assistant", "content": "hi"}
             if model == "tool":
@@ -135,6 +154,152 @@ class FakeUpstream:
             tail = {"choices": [], "usage": usage}
             await send({"type": "http.response.body", "body": _sse(tail), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def prompt_tokens(messages: list[Any]) -> int:
+    """Tokens of a chat prompt as a template like the tiny test model's renders it (one per
+    word): ``<s>``, then ``role : content </s>`` per message (an assistant message that carries
+    its reasoning back gets ``<think> reasoning </think>`` before its content, as reasoning
+    models' templates render it), then ``assistant :``."""
+    count = 1 + 2
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        count += 3 + len(content.split() if isinstance(content, str) else [])
+        reasoning = message.get("reasoning")
+        if isinstance(reasoning, str):
+            count += 2 + len(reasoning.split())
+    return count
+
+
+def reasoning_answer(messages: list[Any]) -> dict[str, Any]:
+    """A reasoning model's answer: 40 words of reasoning (different every turn), 12 of
+    content; the completion counts both and the two think markers."""
+    n = len(messages)
+    reasoning = " ".join(f"r{n}x{i}" for i in range(40))
+    content = " ".join(f"c{n}x{i}" for i in range(12))
+    return {
+        "id": "cmpl-r",
+        "object": "chat.completion",
+        "model": "reasoning",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "reasoning": reasoning},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens(messages),
+            "completion_tokens": 40 + 12 + 2,
+            "total_tokens": prompt_tokens(messages) + 54,
+            "completion_tokens_details": {"reasoning_tokens": 40},
+        },
+    }
+
+
+_SPECIAL_MODELS = frozenset({"error", "missing", "die", "hang", "slow"})
+#: Anthropic stop reason by model name on /v1/messages (default end_turn).
+_ANTHROPIC_STOPS = {"tool": "tool_use", "pause": "pause_turn", "long": "max_tokens"}
+
+
+async def _start(send: Send, content_type: bytes) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]}
+    )
+
+
+async def _events(send: Send, events: list[tuple[str, Any]]) -> None:
+    """Server-sent events with ``event:`` lines (the Anthropic and Responses wire format)."""
+    await _start(send, b"text/event-stream")
+    for name, data in events:
+        chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _anthropic(send: Send, model: str, stream: bool) -> None:
+    """An Anthropic Messages answer (vLLM's /v1/messages), whole or as its event stream."""
+    stop = _ANTHROPIC_STOPS.get(model, "end_turn")
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": "hi"}]
+    if stop == "tool_use":
+        blocks.append({"type": "tool_use", "id": "toolu_1", "name": "run_tests", "input": {}})
+    usage = {"input_tokens": 5, "output_tokens": 3}
+    message = {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": model,
+        "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage,
+    }  # fmt: skip
+    if not stream:
+        await _json(send, 200, message)
+        return
+    events: list[tuple[str, Any]] = [
+        ("message_start", {"type": "message_start",
+                           "message": {**message, "content": [], "stop_reason": None}}),
+    ]  # fmt: skip
+    for index, block in enumerate(blocks):
+        start = {**block, "text": ""} if block["type"] == "text" else block
+        events.append(
+            ("content_block_start",
+             {"type": "content_block_start", "index": index, "content_block": start})
+        )  # fmt: skip
+        delta = (
+            {"type": "text_delta", "text": block["text"]}
+            if block["type"] == "text"
+            else {"type": "input_json_delta", "partial_json": "{}"}
+        )
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        ("message_delta", {"type": "message_delta",
+                           "delta": {"stop_reason": stop, "stop_sequence": None},
+                           "usage": {"output_tokens": 3}})
+    )  # fmt: skip
+    events.append(("message_stop", {"type": "message_stop"}))
+    await _events(send, events)
+
+
+async def _responses(send: Send, model: str, stream: bool, response_id: str) -> None:
+    """An OpenAI Responses answer (vLLM's /v1/responses), whole or as its event stream."""
+    if model == "tool":
+        item: dict[str, Any] = {
+            "type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "run_tests",
+            "arguments": "{}", "status": "completed",
+        }  # fmt: skip
+    else:
+        item = {
+            "type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": "hi", "annotations": []}],
+        }  # fmt: skip
+    status = "incomplete" if model == "long" else "completed"
+    response = {
+        "id": response_id, "object": "response", "created_at": 1, "model": model,
+        "status": status, "output": [item], "parallel_tool_calls": True, "tool_choice": "auto",
+        "tools": [], "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+                               "input_tokens_details": {"cached_tokens": 0},
+                               "output_tokens_details": {"reasoning_tokens": 0}},
+    }  # fmt: skip
+    if not stream:
+        await _json(send, 200, response)
+        return
+    created = {**response, "status": "in_progress", "output": []}
+    done = "response.incomplete" if status == "incomplete" else "response.completed"
+    await _events(
+        send,
+        [
+            ("response.created",
+             {"type": "response.created", "sequence_number": 0, "response": created}),
+            ("response.output_item.added",
+             {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+              "item": item}),
+            ("response.output_item.done",
+             {"type": "response.output_item.done", "sequence_number": 2, "output_index": 0,
+              "item": item}),
+            (done, {"type": done, "sequence_number": 3, "response": response}),
+        ],
+    )  # fmt: skip
 
 
 def _words(body: Any) -> int:

@@ -138,8 +138,12 @@ def test_only_the_lease_holder_decides(sidecar_factory):
         ({"price": {"alpha1_gpu_s_per_s": -1}}, "alpha1_gpu_s_per_s"),
         ({"price": {"beta2_gpu_s": -0.5}}, "beta2_gpu_s"),
         ({"price": {"beta2_gpu_s": 3.0, "beta3_gpu_s": 2.0}}, "beta3_gpu_s"),
+        # Found by the schema fuzz: beta2 = beta3 = 0 passed and stopped every refresh.
+        ({"price": {"beta2_gpu_s": 0, "beta3_gpu_s": 0}}, "beta3_gpu_s"),
         ({"w_ref_s": 0}, "w_ref_s"),
         ({"w_ref_s": -10}, "w_ref_s"),
+        # Found by the schema fuzz: lambda_crit = C2 / W_ref overflowed to inf.
+        ({"w_ref_s": 1e-300}, "w_ref_s"),
         ({"host_slots": 0}, "host_slots"),
         ({"lambda_mode": "fixed", "lambda_fixed_per_s": -1}, "lambda_fixed_per_s"),
         ({"lambda_mode": "fixed", "lambda_fixed_per_s": 2e6}, "lambda_fixed_per_s"),

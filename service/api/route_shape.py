@@ -1,0 +1,89 @@
+"""What the proxy needs to know about one tracked route besides chat: its shape.
+
+The proxy's tracked path (tenant, body, hints, one Redis call, early forward, end of turn) is
+the same for every API; what differs per API is read here: where a session key sits in the
+body, how the message prefix is hashed for inference, how the stop reason and tool name are
+found in an answer (whole or streamed), and the API's own error body. ``/v1/messages``
+(:mod:`service.api.messages`) and ``/v1/responses`` (:mod:`service.api.responses`) are shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.responses import Response
+
+from service.api.dialects import NOTHING, Found
+from service.api.upstream_client import UpstreamError
+
+__all__ = ["NOTHING", "Prepared", "RouteInputError", "RouteShape", "TurnScan"]
+
+
+class RouteInputError(ValueError):
+    """A request field of the route's own schema is malformed: 400 (or ``status``) in the
+    route's error format, nothing forwarded, nothing stored."""
+
+    def __init__(self, param: str, message: str, *, status: int = 400, code: str = "") -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+        self.status = status
+        self.code = code or "invalid_request"
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What a shape read from one request before anything is stored."""
+
+    #: The route's own session keys (precedence: below Dynamo and the vLLM RFC).
+    native: Found = NOTHING
+    #: Prefix digests for inference (whole request first), computed only when no key names
+    #: the session (hashing the conversation is the costly part); None: no inference.
+    infer: Callable[[], list[str]] | None = None
+    #: An earlier answer's id this request continues (``previous_response_id``).
+    chain: str | None = None
+    #: A fresh session id for a request that names none and cannot be inferred.
+    new_session: str | None = None
+    #: The route's typed reading of the request (e.g. reasoning segments), for consumers.
+    info: Any = None
+
+
+class TurnScan(Protocol):
+    """The part of a tracked turn a shape's scanners fill in."""
+
+    tenant: str
+    session: str
+    stop_reason: str | None
+    tool: str | None
+    answer_id: str | None
+
+
+class RouteShape(Protocol):
+    #: The metric label of the route (``tenure_requests{route=...}``).
+    name: str
+    #: The upstream path.
+    path: str
+
+    def error(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> Response:
+        """An error answer in the route's own format."""
+        ...
+
+    def prepare(self, payload: dict[str, Any], headers: Mapping[str, str]) -> Prepared:
+        """Read and check the route's own fields; raise :class:`RouteInputError` if bad."""
+        ...
+
+    def scan_body(self, turn: TurnScan, content: bytes) -> None:
+        """Read the stop reason (and tool, answer id) of a whole answer."""
+        ...
+
+    def scan_chunk(self, turn: TurnScan, chunk: bytes) -> None:
+        """Read them from one streamed chunk."""
+        ...
+
+    def stream_error(self, exc: UpstreamError) -> bytes:
+        """The events that end a stream the upstream cut, in the API's own format."""
+        ...

@@ -1,0 +1,64 @@
+"""The worker ranker at spawn: which predictor the sidecar uses, and what it is given.
+
+``TENURE_WORKER_RANKER`` names a ranker artefact written by ``tenure train-ranker``
+(:class:`~service.policy.ranker.RidgeRanker`); it is loaded once when the app is built, and a
+file that does not load stops start-up with one line naming it. Without one the documented
+heuristic (:class:`~service.policy.ranker.HeuristicRanker`: the median lifetime of the
+sub-agent's type on the Claude Code trace) is used.
+
+The prediction is made when a worker is spawned (``POST /v1/sessions/{parent}/workers``, or a
+first request naming its parent): the spawn's own fields (``subagent_type``, ``model``,
+``expected_tokens``, ``background``) plus what the sidecar knows of the parent (its turn, its
+latest prompt size, when it started, the siblings spawned since its last turn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.policy.ranker import HeuristicRanker, RankerArtefactError, RidgeRanker, WorkerRanker
+from service.policy.ranker import SpawnRecord as SpawnRecord
+from service.settings import SettingsError
+
+__all__ = ["SpawnFacts", "load_ranker", "predict"]
+
+
+def load_ranker(path: str) -> WorkerRanker:
+    """The configured ranker; :class:`SettingsError` (one line, naming the file) if it fails."""
+    if not path:
+        return HeuristicRanker()
+    try:
+        return RidgeRanker.load(Path(path))
+    except RankerArtefactError as exc:
+        raise SettingsError(f"TENURE_WORKER_RANKER: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFacts:
+    subagent_type: str = ""
+    model: str = ""
+    expected_tokens: int = 0
+    background: bool = False
+    parent_turn: int = 0
+    parent_context_tokens: int = 0
+    fanout: int = 1
+    sibling_index: int = 0
+    session_elapsed_s: float = 0.0
+
+
+def predict(ranker: WorkerRanker, facts: SpawnFacts) -> float:
+    """Predicted lifetime (seconds) of a worker spawned with ``facts``."""
+    record = SpawnRecord(
+        subagent_type=facts.subagent_type,
+        model=facts.model,
+        context_tokens=facts.expected_tokens,
+        background=facts.background,
+        parent_turn=facts.parent_turn,
+        parent_context_tokens=facts.parent_context_tokens,
+        fanout=facts.fanout,
+        sibling_index=facts.sibling_index,
+        session_elapsed_s=facts.session_elapsed_s,
+    )
+    value = float(ranker.predict_lifetime_s(record))
+    return value if value >= 0 and value == value and value != float("inf") else 0.0

@@ -1,0 +1,49 @@
+"""Router affinity headers: the sidecar keys a router (vllm-router's consistent_hash on
+X-Session-ID, llm-d, Dynamo) on the session it tracked, never on what the client sent."""
+
+from __future__ import annotations
+
+import httpx
+
+CHAT = "/v1/chat/completions"
+
+
+def _body(text: str = "hi") -> dict[str, object]:
+    return {"model": "echo", "messages": [{"role": "user", "content": text}]}
+
+
+def test_tracked_turns_carry_the_scoped_session(upstream, sidecar_factory):
+    fake, _ = upstream
+    sidecar = sidecar_factory(upstream_session_headers="X-Session-ID, x-dynamo-session-id")
+    with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+        spoofed = {"X-Tenure-Session": "alpha", "X-Session-ID": "someone-else"}
+        assert http.post(CHAT, json=_body(), headers=spoofed).is_success
+        sent = fake.received[-1].headers
+        assert sent["x-session-id"] == "default/alpha"
+        assert sent["x-dynamo-session-id"] == "default/alpha"
+        # An inferred session (no header at all) is routed by its inferred id too.
+        assert http.post(CHAT, json=_body("inferred")).is_success
+        inferred = fake.received[-1]
+        assert (
+            inferred.headers["x-session-id"]
+            == inferred.body["kv_transfer_params"]["tenure"]["session_id"]
+        )
+        # Untracked traffic (a passthrough route) gets none, and the client's is dropped.
+        http.get("/v1/models", headers={"X-Session-ID": "mine"})
+        assert "x-session-id" not in fake.received[-1].headers
+
+
+def test_single_engine_default_sets_no_header(upstream, sidecar):
+    fake, _ = upstream
+    with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+        assert http.post(CHAT, json=_body(), headers={"X-Tenure-Session": "alpha"}).is_success
+        assert "x-session-id" not in fake.received[-1].headers
+
+
+def test_bad_header_names_are_refused():
+    import pytest
+
+    from service.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="upstream_session_headers"):
+        load_settings(dev_mode=True, upstream_session_headers="X-Session-ID,bad name")
