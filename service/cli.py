@@ -65,6 +65,8 @@ _EXTRAS = {
     "numpy": "replay",
     "matplotlib": "replay",
     "openai": "clients",
+    # The HTTP client the openai and anthropic SDKs are built on (``tenure bench sdk`` uses it).
+    "httpx2": "clients",
     "vllm": "engine-cpu",
     "torch": "engine-cpu",
     "transformers": "dev",
