@@ -25,8 +25,6 @@ tenant's session to the engine.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -38,15 +36,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from service.api import dialects
-from service.api.errors import openai_error, unavailable
-from service.api.hints import HintError, Hints, parse_hints
+from service.api.errors import openai_error
+from service.api.hints import HintError, parse_hints
 from service.api.messages import MessagesShape
 from service.api.paths import PathRefused, check_passthrough_path
 from service.api.proxy_bodies import (
     NOT_JSON,
     BadBody,
+    TooLarge,
     bad_body,
-    bad_body_message,
     drop_client_tenure,
     read_all,
     scan_completion,
@@ -55,13 +53,13 @@ from service.api.proxy_bodies import (
     wanted_headers,
     with_session_headers,
 )
+from service.api.proxy_shaped import ShapedRoutes
 from service.api.recorder import Recorder
-from service.api.responses import ResponsesShape, stored_response_id
-from service.api.route_shape import RouteInputError, RouteShape
+from service.api.responses import ResponsesShape
+from service.api.route_shape import RouteShape
 from service.api.runtime import Runtime
-from service.api.segment_tracker import PendingTurn as SegmentTurn
 from service.api.segment_tracker import SegmentRefused, SegmentTracker
-from service.api.segments import StreamFacts, response_facts
+from service.api.segments import response_facts
 from service.api.tenants import TenantResolver
 from service.api.turn_book import CUT, FAILED, OK, Turn, TurnBook
 from service.api.upstream import (
@@ -77,10 +75,7 @@ from service.api.upstream import (
 )
 from service.api.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse
 from service.metrics import Metrics
-from service.settings import Settings, TenantSpec
-from service.state import aliases
-from service.state.breaker import StateUnavailable
-from service.state.keys import scoped_session_id
+from service.settings import Settings
 from service.state.store import StateStore
 
 __all__ = ["Proxy"]
@@ -91,11 +86,7 @@ _decode_json = msgspec.json.decode
 _encode_json = msgspec.json.Encoder().encode
 
 
-class _TooLarge(Exception):
-    pass
-
-
-class Proxy:
+class Proxy(ShapedRoutes):
     def __init__(
         self,
         settings: Settings,
@@ -165,23 +156,12 @@ class Proxy:
             check_passthrough_path(request.scope)
         except PathRefused as exc:
             return self._done("passthrough", exc.response, started)
-        answer_id = stored_response_id(request.url.path)
-        if answer_id is not None:
-            # vLLM serves stored responses to any caller: only the tenant whose request
-            # produced one may read or cancel it.
-            try:
-                owned = await aliases.resolve(self.store, tenant.name, answer_id)
-            except StateUnavailable as exc:
-                self.metrics.fail_open.inc()
-                return self._done("passthrough", unavailable(exc.retry_after_s), started)
-            if owned is None:
-                response = openai_error(
-                    404, f"response {answer_id[:128]!r} not found", code="not_found"
-                )
-                return self._done("passthrough", response, started)
+        refused = await self._stored_response_refused(request, tenant.name, started)
+        if refused is not None:
+            return refused
         try:
             body = await self._read_body(request, request.headers.get("content-length"))
-        except _TooLarge:
+        except TooLarge:
             return self._done("passthrough", self._too_large(), started)
         except ClientDisconnect:
             return Response(status_code=499)
@@ -198,116 +178,6 @@ class Proxy:
             request, "passthrough", request.method, path, body, None, started
         )
 
-    async def tracked(self, request: Request, shape: RouteShape) -> Response:
-        """A tracked route other than chat (``/v1/messages``, ``/v1/responses``): the chat
-        path's lifecycle with the route's own session keys, scanners and error format."""
-        started = time.perf_counter()
-        route = shape.name
-        headers = wanted_headers(request.scope["headers"])
-        authorization = headers.get("authorization")
-        if authorization is None and "x-api-key" in headers:
-            # The Anthropic clients send their key as x-api-key.
-            authorization = f"Bearer {headers['x-api-key']}"
-        tenant = self.tenants.resolve(authorization)
-        if tenant is None:
-            return self._done(route, unauthorized(shape), started)
-        try:
-            body = await self._read_body(request, headers.get("content-length"))
-        except _TooLarge:
-            self.metrics.hint_rejections.labels("body").inc()
-            message = f"request body is larger than {self.settings.max_body_bytes} bytes"
-            response = shape.error(413, message, param="body", code="body_too_large")
-            return self._done(route, response, started)
-        except ClientDisconnect:
-            return Response(status_code=499)
-        try:
-            payload = _decode_json(body)
-        except (msgspec.DecodeError, RecursionError):
-            payload = NOT_JSON
-        if not isinstance(payload, dict):
-            self.metrics.hint_rejections.labels("body").inc()
-            message = bad_body_message(BadBody(payload is NOT_JSON))
-            response = shape.error(400, message, param="body", code="invalid_body")
-            return self._done(route, response, started)
-        turn: Turn | None = None
-        try:
-            hints = parse_hints(headers, payload.pop("tenure", None))
-            if not isinstance(payload.get("kv_transfer_params", {}), dict | None):
-                raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
-            prepared = shape.prepare(payload, headers)
-            native = prepared.native
-            if prepared.chain is not None:
-                # Checked even when another key names the session: the engine would chain
-                # to the stored answer whatever the session is called.
-                chained = await self._chained(tenant, prepared.chain)
-                native = dataclasses.replace(native, session=native.session or chained)
-            hints = self._with_dialects(hints, headers, payload, native)
-            if hints.session is None and prepared.new_session is not None:
-                hints = dataclasses.replace(hints, session=prepared.new_session)
-            drop_client_tenure(payload)
-            digests: list[str] = []
-            if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
-                digests = prepared.infer()
-            turn = await self.turns.start(route, tenant, hints, payload, digests)
-            if turn is not None:
-                turn.shape = shape
-                turn.info = prepared.info
-            body = self._rewrite(payload, turn, hints)
-        except HintError as exc:
-            self.metrics.hint_rejections.labels(exc.label).inc()
-            response = shape.error(400, exc.message, param=exc.param, code="invalid_tenure_hint")
-            return self._done(route, response, started)
-        except RouteInputError as exc:
-            self.metrics.hint_rejections.labels("body").inc()
-            response = shape.error(exc.status, exc.message, param=exc.param, code=exc.code)
-            return self._done(route, response, started)
-        except StateUnavailable as exc:
-            # Only a chained request gets here: its chain cannot be checked without Redis,
-            # and forwarding it unchecked could reach another tenant's stored response.
-            self.metrics.fail_open.inc()
-            response = shape.error(
-                503, "session state is temporarily unavailable; retry later",
-                code="state_unavailable",
-            )  # fmt: skip
-            response.headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
-            return self._done(route, response, started)
-        except RecursionError:
-            self.turns.finish(turn, FAILED)
-            self.metrics.hint_rejections.labels("body").inc()
-            message = bad_body_message(BadBody(True))
-            response = shape.error(400, message, param="body", code="invalid_body")
-            return self._done(route, response, started)
-        return await self._forward(request, route, "POST", shape.path, body, turn, started, shape)
-
-    def _with_dialects(
-        self,
-        hints: Hints,
-        headers: dict[str, str],
-        payload: dict[str, Any],
-        native: dialects.Found,
-    ) -> Hints:
-        merged, events = dialects.apply(hints, dialects.read(headers, payload, native))
-        for event in events:
-            counter = self._dialect_events.get(event)
-            if counter is None:
-                counter = self._dialect_events[event] = self.metrics.dialect_fields.labels(*event)
-            counter.inc()
-        return merged
-
-    async def _chained(self, tenant: TenantSpec, answer_id: str) -> str:
-        """The session of the answer a request continues, within this tenant only."""
-        pending = self.turns.answers_pending.get((tenant.name, answer_id))
-        if pending is not None:
-            await asyncio.wait({pending}, timeout=2.0)
-        session = await aliases.resolve(self.store, tenant.name, answer_id)
-        if session is None:
-            raise RouteInputError(
-                "previous_response_id",
-                f"previous response {answer_id[:128]!r} not found",
-                code="previous_response_not_found",
-            )
-        return session
-
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait for pending end-of-turn writes (shutdown)."""
         await self.turns.drain(timeout_s)
@@ -322,7 +192,7 @@ class Proxy:
             return self._done(route, unauthorized(), started)
         try:
             body = await self._read_body(request, headers.get("content-length"))
-        except _TooLarge:
+        except TooLarge:
             return self._done(route, self._too_large(), started)
         except ClientDisconnect:
             return Response(status_code=499)
@@ -375,69 +245,6 @@ class Proxy:
             self.metrics.hint_rejections.labels("body").inc()
             return self._done(route, bad_body(BadBody(True)), started)
         return await self._forward(request, route, "POST", path, body, turn, started)
-
-    async def _admit_segments(
-        self, route: str, tenant: TenantSpec, hints: Hints, payload: dict[str, Any]
-    ) -> SegmentTurn | None:
-        """Segment tracking's checks, before the turn is counted (a refusal stores nothing)."""
-        if self.segments is None or hints.session is None:
-            return None
-        return await self.segments.admit(
-            tenant.name, hints.session, hints.parent, payload, route == "chat"
-        )
-
-    async def _segment_tags(
-        self,
-        request: Request,
-        turn: Turn | None,
-        pending: SegmentTurn | None,
-        payload: dict[str, Any],
-        hints: Hints,
-    ) -> dict[str, Any] | None:
-        if pending is None or turn is None or turn.turn == 0 or self.segments is None:
-            return None  # untracked, or forwarded fail-open without a turn number
-        headers = forward_headers(
-            request.scope["headers"], self._upstream_auth, drop_client_auth=self._drop_client_auth
-        )
-        tags = await self.segments.tags(pending, turn.turn, payload, headers, hints.reasoning)
-        turn.segments = pending
-        if payload.get("stream"):
-            turn.stream = StreamFacts()
-        return tags
-
-    def _rewrite(
-        self,
-        payload: dict[str, Any],
-        turn: Turn | None,
-        hints: Hints,
-        seg_tags: dict[str, Any] | None = None,
-    ) -> bytes:
-        if turn is not None:
-            kv = payload.get("kv_transfer_params")
-            if kv is None:
-                kv = {}
-            elif not isinstance(kv, dict):
-                raise HintError("kv_transfer_params", "kv_transfer_params must be an object")
-            tenure: dict[str, Any] = {
-                "session_id": scoped_session_id(turn.tenant, turn.session),
-                "turn": turn.turn,
-                "last_turn": hints.last_turn,
-            }
-            if hints.segment is not None:
-                tenure["segment"] = hints.segment
-            if hints.parent is not None:
-                tenure["parent"] = scoped_session_id(turn.tenant, hints.parent)
-            if hints.expected_gap_s is not None:
-                tenure["expected_gap_s"] = hints.expected_gap_s
-            if hints.retention_s is not None:
-                tenure["retention_s"] = hints.retention_s
-            if turn.turn == 0:
-                tenure["degraded"] = True  # forwarded without lifecycle state (Redis down)
-            if seg_tags is not None:
-                tenure.update(seg_tags)
-            kv["tenure"] = tenure
-            payload["kv_transfer_params"] = kv
-        return _encode_json(payload)
 
     # --- forwarding ------------------------------------------------------------------------
 
@@ -530,8 +337,6 @@ class Proxy:
             error_event=shape.stream_error if shape is not None else None,
         )
 
-    # --- end of turn -------------------------------------------------------------------------
-
     # --- helpers -------------------------------------------------------------------------------
 
     async def _read_body(self, request: Request, declared: str | None) -> bytes:
@@ -539,7 +344,7 @@ class Proxy:
         # request and the proxy reads each body exactly once.
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _TooLarge
+            raise TooLarge
         receive = request.receive
         chunks: list[bytes] = []
         size = 0
@@ -550,7 +355,7 @@ class Proxy:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise _TooLarge
+                raise TooLarge
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

@@ -22,6 +22,7 @@ from service.state.keys import scoped_session_id
 __all__ = [
     "NOT_JSON",
     "BadBody",
+    "TooLarge",
     "bad_body",
     "bad_body_message",
     "drop_client_tenure",
@@ -91,6 +92,10 @@ def scan_completion(turn: Turn, content: bytes, content_encoding: str) -> None:
         function = calls[0].get("function") if isinstance(calls[0], dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             turn.tool = function["name"]
+
+
+class TooLarge(Exception):
+    """The request body is over ``max_body_bytes``."""
 
 
 class BadBody(Exception):

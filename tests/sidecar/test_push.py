@@ -59,7 +59,7 @@ def _metric(text: str, line_prefix: str) -> float:
 def _after(peer: Peer, seq: int) -> Decision:
     """The next decision newer than ``seq`` (older ones are the snapshot's duplicates)."""
     while True:
-        decision = peer.receive(Decision)
+        decision: Decision = peer.receive(Decision)
         if decision.seq > seq:
             return decision
 
