@@ -10,6 +10,7 @@ sidecar's own and tenant-scoped; a session can only name a parent of its own ten
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -69,6 +70,8 @@ class SegmentLifecycle:
         self.upstream = upstream
         self.metrics = metrics
         self.ranker = ranker
+        #: (tenant, model) pairs seen to reason, most recent last (the per-turn hooks' memory).
+        self._reasoning_models: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     # --- the lifecycle API ---------------------------------------------------------------
 

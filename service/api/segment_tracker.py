@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,13 +36,8 @@ from service.api.segment_lifecycle import TREE_DEPTH, SegmentLifecycle, SegmentR
 from service.api.segment_state import SegmentState
 from service.api.segments import Split, split_turn
 from service.api.spawns import SpawnFacts, predict
-from service.api.upstream_client import UpstreamClient
-from service.metrics import Metrics
-from service.policy.ranker import WorkerRanker
 from service.policy.segments import SessionRole
-from service.settings import Settings
 from service.state.breaker import StateUnavailable
-from service.state.store import StateStore
 from service.wire.segments import SegmentWireError, parse_segment_tags
 
 __all__ = ["PendingTurn", "SegmentTracker"]
@@ -70,17 +64,6 @@ class PendingTurn:
 
 class SegmentTracker(SegmentLifecycle):
     """The proxy's per-turn hooks: :meth:`admit`, :meth:`tags`, :meth:`record`."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        store: StateStore,
-        upstream: UpstreamClient,
-        metrics: Metrics,
-        ranker: WorkerRanker,
-    ) -> None:
-        super().__init__(settings, store, upstream, metrics, ranker)
-        self._reasoning_models: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     # --- the proxy's hooks -----------------------------------------------------------------
 
