@@ -137,6 +137,29 @@ def test_cli_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFi
     assert "ours" in printed and "seed" in printed
 
 
+def test_cli_spread_seeds_rerun_the_table_per_base_seed(tmp_path: Path) -> None:
+    """``--spread-seeds``: each base seed is a whole independent Table 6; the spread of a
+    cell's gain is over those runs, and the base seed's own run is the printed table."""
+    out = tmp_path / "ttl.json"
+    argv = [
+        "replay", "ttl", "--families", "mixture", "--loads", "2", "--requests", "800",
+        "--calibration-samples", "800", "--replicates", "1", "--no-drift",
+    ]  # fmt: skip
+    assert main([*argv, "--spread-seeds", "3,0,3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    spread = doc["seed_spread"]
+    assert spread["seeds"] == [0, 3]
+    (cell,) = spread["cells"]
+    gains = cell["controller"]["per_seed"]
+    assert gains[0] == doc["cells"][0]["gain"]["controller"]
+    alone = tmp_path / "seed3.json"
+    assert main([*argv, "--seed", "3", "--json", str(alone)]) == 0
+    assert gains[1] == json.loads(alone.read_text())["cells"][0]["gain"]["controller"]
+    assert cell["controller"]["min"] == min(gains) and cell["controller"]["max"] == max(gains)
+    assert cell["controller"]["short_of_target"] == sum(g < -0.005 for g in gains)
+    assert cell["online"]["short_of_target"] is None
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -151,6 +174,7 @@ def test_cli_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFi
         (["--platform", "tpu"], "unknown platform"),
         (["--estimator", "median:9"], "--estimator"),
         (["--json", "/nonexistent/dir/x.json"], "does not exist"),
+        (["--spread-seeds", "1,x"], "--spread-seeds"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(
