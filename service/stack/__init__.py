@@ -55,9 +55,9 @@ class StackConfig:
     #: (gpu_blocks - 1) * 128: the longest context the small pool can hold.
     max_model_len: int = 640
     engine_timeout_s: float = 240.0
-    #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     #: Use this Redis instead of starting one (e.g. a test's server).
     external_redis_url: str | None = None
+    #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     report_interval_s: float = 0.5
     hello_interval_s: float = 1.0
     snapshot_interval_s: float = 2.0
