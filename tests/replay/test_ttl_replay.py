@@ -13,6 +13,7 @@ from service.cli import main
 from service.policy.host_loss import episode_cost
 from service.policy.platforms import PLATFORMS
 from service.policy.retention_costs import RetentionModel
+from service.replay import ttl_diagnose
 from service.replay.paths import claude_code_trace
 from service.replay.ttl_drift import DriftPhase, DriftSpec, run_drift
 from service.replay.ttl_families import human_turn_gaps, synthetic_family
@@ -183,3 +184,20 @@ def test_cli_bad_input_is_one_line_exit_2(
     assert main(["replay", "ttl", "--families", "mixture", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_diagnosis_of_a_cell_runs_and_its_parts_are_consistent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = RetentionModel(PRICE, 425, 1800.0)
+    mixture = synthetic_family("mixture", 1800.0)
+    rows = {r["timer"]: r for r in ttl_diagnose.timer_curve(model, mixture, 2.0, 2, 1500, 0)}
+    assert rows["30min"]["vs_30min"] == 0.0
+    for row in rows.values():  # every context is counted once, whatever its timer
+        assert row["host_hits"] + row["expired"] + row["refused"] == pytest.approx(1500)
+    assert rows["inf"]["expired"] == 0 and rows["10min"]["refused"] <= rows["inf"]["refused"]
+    spread = ttl_diagnose.calibration_spread(model, mixture, 2.0, [1000], [1, 16], 4, 0)
+    assert [r["draws"] for r in spread] == [1, 16]
+    assert spread[1]["sd"] < spread[0]["sd"]
+    assert ttl_diagnose.main(["--reps", "1", "--requests", "600", "--only", "lambda"]) == 0
+    assert "warmed by 1 h" in capsys.readouterr().out
