@@ -38,10 +38,12 @@ Evaluator = Literal["steady", "episode"]
 EVALUATORS: tuple[Evaluator, ...] = ("steady", "episode")
 
 #: Arrival streams (each with its own order of the waits) an ``episode`` score averages over.
-#: The stream is the scorer's own randomness, not calibration data: one stream adds noise as
-#: large as the waits' own (mixture at 2 x lambda_crit, 4,000 waits: ttl - retain has sd 1.9%
-#: across streams for one sample, 2.1% across samples), and picked the wrong branch for 11%
-#: of samples. 16 streams leave 1.9/4 = 0.5% of it, under 6% of the decision's variance.
+#: The stream is the scorer's own randomness, not calibration data, and it was most of the
+#: score's noise: on the mixture at 2 x lambda_crit (100 samples of 4,000 waits,
+#: ``python -m service.replay.ttl_diagnose``) ttl - retain has sd 3.4% with one stream and
+#: 1.45% with 16, and one stream picked the costlier branch for 20 of 100 samples, 16 for none.
+#: 16 cut the stream part by 4, under the samples' own spread (about 1.2%): more streams would
+#: narrow the score little, at proportional cost.
 EPISODE_DRAWS = 16
 
 
