@@ -32,6 +32,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 from engine_adapter.policy import TenureCachePolicy
+from engine_adapter.vllm_compat import (
+    add_evictable_chunks,
+    free_chunk,
+    manager_policy,
+    num_evictable_chunks,
+    num_free_chunks,
+    reported_store_misses,
+)
 
 __all__ = ["TenureOffloadingManager"]
 
@@ -49,7 +57,7 @@ class TenureOffloadingManager(CPUOffloadingManager):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        policy = self._policy
+        policy = manager_policy(self)
         self.tenure: TenureCachePolicy | None = (
             policy if isinstance(policy, TenureCachePolicy) else None
         )
@@ -70,8 +78,8 @@ class TenureOffloadingManager(CPUOffloadingManager):
         for _key, chunk in released:
             # The policy releases only idle chunks (ref_cnt 0), which the manager counts as
             # evictable.
-            self._num_evictable_cache_chunks -= 1
-            self._free_chunk(chunk)
+            add_evictable_chunks(self, -1)
+            free_chunk(self, chunk)
         if self.events is not None:
             self.events.append(
                 OffloadingEvent(keys=[k for k, _ in released], medium=self.medium, removed=True)
@@ -107,19 +115,19 @@ class TenureOffloadingManager(CPUOffloadingManager):
             to_store = self._past_threshold(keys, to_store)
             passing = set(to_store)
             offer = [k for k in keys if k in passing or get(k) is not None]
-        need = len(to_store) - self._get_num_free_chunks()
+        need = len(to_store) - num_free_chunks(self)
         try:
-            if need > self._num_evictable_cache_chunks and need > 0:
+            if need > num_evictable_chunks(self) and need > 0:
                 # vLLM refuses this store before asking for victims (in-flight transfers pin
                 # the room): the gate is not asked, so nothing is decided for a store that
                 # cannot happen.
                 tenure.stats["refusals_pinned"] += 1
-                reported = self._get_request_cache_access(req_context).store_miss_keys
+                reported = reported_store_misses(self, req_context)
                 fresh = [k for k in to_store if k not in reported]
                 if fresh:
                     tenure.report_misses(fresh, req_context)
                 return super().prepare_store(keys, req_context)
-            reported = self._get_request_cache_access(req_context).store_miss_keys
+            reported = reported_store_misses(self, req_context)
             admitted = tenure.begin_store(offer, req_context, reported=reported)
             if not admitted and need <= 0:
                 # vLLM would store without asking for victims: refuse here.

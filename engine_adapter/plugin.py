@@ -45,16 +45,12 @@ def registered_policy_names() -> dict[str, str]:
     return {vllm_name_for(name): name for name in policy_names()}
 
 
-def _is_ours(loader: object) -> bool:
-    cells = getattr(loader, "__closure__", None) or ()
-    return any(getattr(cell, "cell_contents", None) == "engine_adapter.policies" for cell in cells)
-
-
 def register() -> None:
     from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
     from engine_adapter.policies import class_name_for
+    from engine_adapter.vllm_compat import cache_policy_loader, is_loader_of
 
     for vllm_name, core_name in registered_policy_names().items():
         try:
@@ -64,7 +60,8 @@ def register() -> None:
         except ValueError:
             # Already registered: by an earlier call in this process (fine), or a vLLM
             # built-in of the same name appeared (then vLLM's wins; say so once).
-            if not _is_ours(CachePolicyFactory._registry.get(vllm_name)):
+            loader = cache_policy_loader(CachePolicyFactory, vllm_name)
+            if not is_loader_of(loader, "engine_adapter.policies"):
                 log.warning("tenure: vLLM already has a cache policy %r; not overriding", vllm_name)
     for spec_name, (module, cls) in SPECS.items():
         with contextlib.suppress(ValueError):

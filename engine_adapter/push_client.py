@@ -1,6 +1,6 @@
 """The adapter end of the push channel: a background thread inside EngineCore.
 
-Protocol: :mod:`service.push.messages` (a ZeroMQ DEALER here, the sidecar's ROUTER there). The
+Protocol: :mod:`service.wire.push` (a ZeroMQ DEALER here, the sidecar's ROUTER there). The
 thread owns the socket and the sequence bookkeeping; it never touches the policy's state. It
 hands decisions and snapshots to the scheduler thread through the policy's ``inbox`` (a deque),
 and reads counters the scheduler thread writes, so the engine never waits on the channel:
@@ -39,7 +39,7 @@ import msgspec
 import zmq
 
 from engine_adapter.policy import TenureCachePolicy
-from service.push.messages import (
+from service.wire.push import (
     Decision,
     Hello,
     Message,

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from service.push.messages import ResumeOutcome
+from engine_adapter.vllm_compat import offload_key_positions
+from service.wire.push import ResumeOutcome
 
 __all__ = ["ResumeTracker"]
 
@@ -91,7 +92,7 @@ class ResumeTracker:
         if probe is None:
             return
         ctx._state.pop(_Probe, None)  # once per request
-        positions = sorted(set(ctx._offload_key_positions.values()))
+        positions = sorted(set(offload_key_positions(ctx).values()))
         if not positions:
             return
         block = positions[0]

@@ -2,7 +2,7 @@
 
 The engine-side half of placement, with no vLLM import (the tier in
 :mod:`engine_adapter.tiering` feeds it): each request's ``kv_transfer_params.tenure`` (session
-tags plus the segment wire format of :mod:`service.policy.segment_wire`) opens and closes
+tags plus the segment wire format of :mod:`service.wire.segments`) opens and closes
 segments in a core :class:`~service.policy.segments.SegmentTable`; each block offered to the SSD
 tier is classified by the segment its tokens fall in and admitted or refused by the core
 placement policy; every admitted file is referenced by the segment rows that use it, and a file
@@ -24,7 +24,6 @@ from typing import Any
 
 from engine_adapter.tags import parse_tags
 from service.policy.placement import PlacementPolicy, Route, WorkerSlot, fast_workers
-from service.policy.segment_wire import SegmentTags, SegmentWireError, parse_segment_tags
 from service.policy.segments import (
     Segment,
     SegmentClass,
@@ -33,6 +32,7 @@ from service.policy.segments import (
     SessionRole,
     segment_key,
 )
+from service.wire.segments import SegmentTags, SegmentWireError, parse_segment_tags
 
 __all__ = ["UNTAGGED", "SegmentBook"]
 

@@ -23,6 +23,7 @@ from vllm.v1.kv_offload.base import OffloadingManager
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from engine_adapter.manager import TenureOffloadingManager
+from engine_adapter.vllm_compat import set_spec_manager, spec_manager
 
 __all__ = ["ENGINE_ID_ENV", "PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
@@ -48,8 +49,9 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
     """Stock CPU offloading spec whose scheduler side runs :class:`TenureOffloadingManager`."""
 
     def get_manager(self) -> OffloadingManager:
-        if self._manager is not None:
-            return self._manager
+        cached: OffloadingManager | None = spec_manager(self)
+        if cached is not None:
+            return cached
         extra = dict(self.extra_config)
         store_threshold = int(extra.get("store_threshold", 0))
         block_tokens = self.tokens_per_block[0] * self.blocks_per_chunk
@@ -91,5 +93,5 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
                 manager.push_client.start()
             else:
                 log.info("tenure: no push channel configured; lifecycle tags from requests only")
-        self._manager = manager
+        set_spec_manager(self, manager)
         return manager

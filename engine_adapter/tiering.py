@@ -7,7 +7,7 @@ it actually writes. :class:`TenureFsTier` is the stock ``fs`` tier
 with three additions, all through the ``SecondaryTierManager`` interface (no fork):
 
 * **admission** — each offered block is classified by the segment its tokens fall in (the
-  request's ``kv_transfer_params.tenure``, :mod:`service.policy.segment_wire`; the position of a
+  request's ``kv_transfer_params.tenure``, :mod:`service.wire.segments`; the position of a
   key is the scheduler's ``ReqContext.get_offload_key_position``) and written only if the core
   placement policy routes its class to the SSD tier: reasoning and reviewers never are, nor are
   the workers the predictive path keeps in the fast tier;
@@ -57,9 +57,9 @@ from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
 from engine_adapter.segment_book import UNTAGGED, SegmentBook
+from engine_adapter.tiering_names import METRICS, TIER_TYPE
 from service.policy.endurance import Endurance, WriteRateMeter
 from service.policy.placement import UnknownPlacementError, create_placement
-from service.policy.segments import SegmentClass
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
@@ -68,27 +68,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
-__all__ = ["CLASS_LABELS", "METRICS", "TIER_TYPE", "TenureFsTier"]
+__all__ = ["TenureFsTier"]
 
 log = logging.getLogger("vllm.tenure")
-
-TIER_TYPE = "tenure-fs"
-#: Every value the ``segment_class`` label takes (bounded: client input never names a label).
-CLASS_LABELS = (*(c.value for c in SegmentClass), UNTAGGED)
-
-
-class METRICS:
-    """Metric names (vLLM adds ``_total`` to counters when exporting)."""
-
-    WRITE_BYTES = "vllm:kv_offload_segment_write_bytes"  # {tier, segment_class}
-    KEPT_OFF_SSD_BYTES = "vllm:kv_offload_segment_kept_off_ssd_bytes"  # {segment_class}
-    DELETED_BYTES = "vllm:kv_offload_segment_deleted_bytes"  # {segment_class}
-    ERRORS = "vllm:kv_offload_segment_errors"  # {kind}
-    SSD_USED_BYTES = "vllm:kv_offload_ssd_used_bytes"
-    SSD_CAPACITY_BYTES = "vllm:kv_offload_ssd_capacity_bytes"
-    SSD_WRITE_RATE = "vllm:kv_offload_ssd_write_rate_bytes_per_second"
-    SSD_DEVICE_YEARS = "vllm:kv_offload_ssd_projected_device_years"
-    SSD_WARRANTY_YEARS = "vllm:kv_offload_ssd_warranty_years"
 
 
 def _number(config: dict[str, Any], key: str, default: float | None) -> float | None:

@@ -15,13 +15,12 @@ step instead.
 from __future__ import annotations
 
 import queue
-import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["find_engine_waker"]
+from engine_adapter.vllm_compat import engine_core_input_queue, wake_message
 
-_MAX_FRAMES = 64
+__all__ = ["find_engine_waker"]
 
 
 def _waker(inbox: queue.Queue[Any], message: tuple[Any, None]) -> Callable[[], None]:
@@ -32,19 +31,9 @@ def _waker(inbox: queue.Queue[Any], message: tuple[Any, None]) -> Callable[[], N
 
 
 def find_engine_waker() -> Callable[[], None] | None:
-    try:
-        from vllm.v1.engine import EngineCoreRequestType
-    except ImportError:  # pragma: no cover - a vLLM without the request type
+    message = wake_message()
+    if message is None:
         return None
-    frame: Any = sys._getframe(1)
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        inbox = getattr(owner, "input_queue", None)
-        if isinstance(inbox, queue.Queue) and any(
-            cls.__name__.startswith("EngineCore") for cls in type(owner).__mro__
-        ):
-            return _waker(inbox, (EngineCoreRequestType.WAKEUP, None))
-        frame = frame.f_back
-    return None
+    # Skip this frame: the search starts at our caller (the manager's constructor).
+    inbox = engine_core_input_queue(depth=1)
+    return None if inbox is None else _waker(inbox, message)

@@ -90,12 +90,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def _twin_ctx(twins: dict[int, tuple[Any, Any]], ctx: Any) -> Any:
     from vllm.v1.kv_offload.base import ReqContext
 
+    from engine_adapter.vllm_compat import offload_key_positions
+
     entry = twins.get(id(ctx))
     if entry is None or entry[0] is not ctx:
         twin = ReqContext(req_id=ctx.req_id, kv_transfer_params=ctx.kv_transfer_params)
         entry = twins[id(ctx)] = (ctx, twin)
     twin = entry[1]
-    twin._offload_key_positions = dict(ctx._offload_key_positions)
+    for key, end in offload_key_positions(ctx).items():
+        twin.set_offload_key_position(key, end)
     return twin
 
 

@@ -6,7 +6,7 @@ A command module exposes ``configure(parser)``, which adds its arguments (and su
 sets ``func`` (``Callable[[argparse.Namespace], int]``) as a parser default.
 
 Errors a user can fix (a bad flag, a missing or malformed file, an unknown policy) raise
-:class:`UsageError` and print one line, exit code 2, no traceback.
+:class:`service.errors.UsageError` and print one line, exit code 2, no traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
+
+from service.errors import UsageError
 
 __all__ = ["UsageError", "main"]
 
@@ -46,20 +48,16 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
-    "proxy": ("service.api.bench", "added latency and throughput of the proxy"),
-    "policy": ("engine_adapter.bench", "per-call cost of the adapter policy vs vLLM's LRU"),
-    "replay": ("service.replay.bench", "speed of one replay over a whole trace"),
-    "sdk": ("clients.bench", "cost the client SDK adds per completion call"),
-    "redis-wait": ("service.bench_redis", "cost of WAIT 1 (synchronous replication) per write"),
+    "proxy": ("benchmarks.proxy", "added latency and throughput of the proxy"),
+    "policy": ("benchmarks.policy", "per-call cost of the adapter policy vs vLLM's LRU"),
+    "replay": ("benchmarks.replay", "speed of one replay over a whole trace"),
+    "sdk": ("benchmarks.sdk", "cost the client SDK adds per completion call"),
+    "redis-wait": ("benchmarks.redis_wait", "cost of WAIT 1 (synchronous replication) per write"),
     "soak": (
-        "service.soak.cli",
+        "benchmarks.soak.cli",
         "chaos soak: router, 2 engines, 2 sidecars, Redis with Sentinel, faults, ledger",
     ),
 }
-
-
-class UsageError(Exception):
-    """A problem the user can fix; printed as one line, exit code 2."""
 
 
 #: Optional dependencies -> the extra that installs them (the base install is the sidecar).
@@ -67,6 +65,8 @@ _EXTRAS = {
     "numpy": "replay",
     "matplotlib": "replay",
     "openai": "clients",
+    # The HTTP client the openai and anthropic SDKs are built on (``tenure bench sdk`` uses it).
+    "httpx2": "clients",
     "vllm": "engine-cpu",
     "torch": "engine-cpu",
     "transformers": "dev",
@@ -144,8 +144,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Under ``python -m service.cli`` this file runs as ``__main__``, a second copy of the
-    # module: dispatch through the real ``service.cli`` so its UsageError is the one raised.
-    from service.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

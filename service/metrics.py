@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.metrics_retention import RetentionMetrics
 from service.policy.types import EvictionClass
-from service.push.messages import ResidencyReport, ResumeOutcome
+from service.wire.push import ResidencyReport, ResumeOutcome
 
 __all__ = ["OTHER", "LabelBudget", "Metrics"]
 

@@ -89,8 +89,8 @@ def _delta(after: dict[str, float], before: dict[str, float], name: str) -> floa
 
 def run_demo(stack: Any) -> dict[str, float]:
     """The demo traffic; returns the figures it printed (for tests)."""
-    from engine_adapter.testing.tiny_model import word_prompt
-    from service.stack import http_json
+    from service.processes import http_json
+    from service.tools.tiny_model import word_prompt
 
     engine_before = stack.engine_metrics()
     session = "demo-agent"
@@ -170,9 +170,10 @@ def run_demo(stack: Any) -> dict[str, float]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.cli import UsageError
+    from service.errors import UsageError
     from service.policy import UnknownPolicyError, policy_class
-    from service.stack import LocalStack, StackConfig, StackError
+    from service.processes import StackError
+    from service.stack import LocalStack, StackConfig
 
     try:
         policy_class(args.policy)

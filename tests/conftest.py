@@ -7,8 +7,8 @@
 * ``redis_process_factory`` (function scope): private servers a test may kill and restart
   (``stop()`` / ``start()`` keep the port), for fault tests; all stopped after the test.
 * ``sentinel_group`` (function scope): master + replica + three Sentinels
-  (:class:`service.stack_redis.SentinelGroup`); ``redis_cluster`` (module scope): three
-  cluster masters (:class:`service.stack_redis.ClusterGroup`).
+  (:class:`service.processes.redis_groups.SentinelGroup`); ``redis_cluster`` (module scope): three
+  cluster masters (:class:`service.processes.redis_groups.ClusterGroup`).
 
 Nothing is faked here: tests that use Redis talk to the real server.
 """
@@ -16,7 +16,6 @@ Nothing is faked here: tests that use Redis talk to the real server.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import tempfile
 import time
@@ -27,23 +26,32 @@ from typing import TypeVar
 import pytest
 import redis
 
-from service.stack import free_port
-from service.stack_redis import ClusterGroup, SentinelGroup
+from service.processes import free_port, redis_argv, redis_executable
+from service.processes.redis_groups import ClusterGroup, SentinelGroup
 
-__all__ = ["RedisProcess", "free_port", "wait_for"]
+__all__ = ["RedisProcess", "free_port", "poll", "wait_for"]
 
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
-    """Poll ``predicate`` until it returns something truthy, and return that."""
+def poll(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
+    """The one polling loop of the tests: ``predicate()`` until it is truthy or time is up;
+    returns its last value (falsy on a timeout). Tests wait on the thing they need, never sleep
+    for it."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
-        if value:
+        if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval_s)
-    raise AssertionError("condition not reached")
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that."""
+    value = poll(predicate, timeout_s, interval_s)
+    if not value:
+        raise AssertionError("condition not reached")
+    return value
 
 
 class RedisProcess:
@@ -54,7 +62,7 @@ class RedisProcess:
     """
 
     def __init__(self, port: int | None = None, *, persistent: bool = False) -> None:
-        executable = shutil.which("redis-server")
+        executable = redis_executable()
         if executable is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.executable = executable
@@ -87,21 +95,10 @@ class RedisProcess:
             return self
         for _attempt in range(5):
             self._process = subprocess.Popen(
-                [
-                    self.executable,
-                    "--port", str(self.port),
-                    "--bind", self.host,
-                    "--dir", str(self.directory),
-                    "--save", "",
-                    "--appendonly", "yes" if self.persistent else "no",
-                    "--appendfsync", "always",
-                    "--daemonize", "no",
-                    "--protected-mode", "yes",
-                    "--loglevel", "warning",
-                ],
+                redis_argv(self.executable, self.port, self.directory, persistent=self.persistent),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
             if self._wait_ready(timeout_s):
                 self._port_fixed = True
                 return self

@@ -10,6 +10,7 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 COPY engine_adapter ./engine_adapter
 COPY clients ./clients
+COPY benchmarks ./benchmarks
 # --no-deps: vLLM's image already carries what the adapter imports (msgspec, pyzmq: the
 # `engine` extra), and the sidecar's web stack must not replace vLLM's pinned versions.
 RUN pip install --no-cache-dir --no-deps . \

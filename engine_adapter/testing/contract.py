@@ -17,6 +17,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from engine_adapter.vllm_compat import manager_policy, num_evictable_chunks
+
 __all__ = ["MANAGER_CALLS", "ContractViolation", "check_books", "instrument"]
 
 #: The manager entry points checked after each call.
@@ -49,7 +51,7 @@ def check_books(manager: Any) -> None:
     """vLLM's chunk pool, its reference counts and the policy's books agree (else raise)."""
     from engine_adapter.policy import TenureCachePolicy
 
-    policy = manager._policy
+    policy = manager_policy(manager)
     if not isinstance(policy, TenureCachePolicy):
         return
     chunks = policy.chunks
@@ -62,8 +64,9 @@ def check_books(manager: Any) -> None:
     if len(set(ids)) != len(ids) or set(ids) & set(manager._free_list):
         _fail(manager, "a chunk id is held twice or held and free")
     idle = sum(1 for c in chunks.values() if c.ref_cnt == 0)
-    if manager._num_evictable_cache_chunks != idle:
-        _fail(manager, f"manager counts {manager._num_evictable_cache_chunks} idle, {idle} are")
+    counted = num_evictable_chunks(manager)
+    if counted != idle:
+        _fail(manager, f"manager counts {counted} idle, {idle} are")
     pending = sum(1 for c in chunks.values() if c.ref_cnt < 0)
     if manager._num_write_pending_chunks != pending:
         _fail(manager, f"manager counts {manager._num_write_pending_chunks} pending, {pending} are")
@@ -108,7 +111,7 @@ def check_books(manager: Any) -> None:
 
 
 def _checked_evict(manager: Any, evict: Callable[..., Any]) -> Callable[..., Any]:
-    policy = manager._policy
+    policy = manager_policy(manager)
 
     @functools.wraps(evict)
     def wrapper(n: int, protected: set[Any]) -> Any:
@@ -150,7 +153,7 @@ def _checked_call(manager: Any, name: str, call: Callable[..., Any]) -> Callable
 def instrument(manager: Any) -> Any:
     """Check ``manager`` (a ``CPUOffloadingManager`` with a Tenure policy) after every call."""
     manager.contract_violations = []
-    policy = manager._policy
+    policy = manager_policy(manager)
     policy.evict = _checked_evict(manager, policy.evict)
     for name in MANAGER_CALLS:
         setattr(manager, name, _checked_call(manager, name, getattr(manager, name)))

@@ -24,7 +24,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from service.api.server import uvicorn_config
     from service.app import create_app
-    from service.cli import UsageError
+    from service.errors import UsageError
     from service.settings import SettingsError, load_settings
 
     overrides: dict[str, object] = {}

@@ -1,16 +1,17 @@
 """From the decision core's :class:`LifecycleDecision` to a push message and a record update.
 
 The core decides; this module only translates its output into the wire message
-(:class:`~service.push.messages.Decision`) and the session-record fields the APPLY script writes.
+(:class:`~service.wire.push.Decision`) and the session-record fields the APPLY script writes.
 """
 
 from __future__ import annotations
 
 from service.metrics import Metrics
 from service.policy.lifecycle import LifecycleDecision
-from service.push.messages import Decision
 from service.state.keys import scoped_session_id
-from service.state.store import SessionUpdate
+from service.state.records import SessionUpdate
+from service.wire.push import Decision
+from service.wire.session_record import RecordField
 
 __all__ = ["as_message", "as_update", "count"]
 
@@ -44,19 +45,23 @@ def as_update(
     finished_ttl_s: int,
 ) -> SessionUpdate:
     """Record fields for the new state; finished sessions leave the live index and expire."""
-    fields = {"state": decision.state, "last_activity": repr(now), "reason": decision.reason}
+    fields: dict[str, str] = {
+        RecordField.STATE: decision.state,
+        RecordField.LAST_ACTIVITY: repr(now),
+        RecordField.REASON: decision.reason,
+    }
     deleted: list[str] = []
     for name, value in (
-        ("expected_gap_s", decision.expected_gap_s),
-        ("wakeup_at", decision.wakeup_at),
-        ("host_ttl_s", decision.host_ttl_s),
+        (RecordField.EXPECTED_GAP_S, decision.expected_gap_s),
+        (RecordField.WAKEUP_AT, decision.wakeup_at),
+        (RecordField.HOST_TTL_S, decision.host_ttl_s),
     ):
         if value is None:
             deleted.append(name)
         else:
             fields[name] = repr(float(value))
     if decision.last_turn:
-        fields["last_turn"] = "1"
+        fields[RecordField.LAST_TURN] = "1"
     finished = decision.state == "finished"
     if finished:
         live_score = None

@@ -20,7 +20,8 @@ from service.policy import GapPredictor, stop_class
 from service.policy.retention import LambdaEstimator, host_ttl_seconds, lambda_crit
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
-from service.state.store import YIELD_EVERY, StateStore
+from service.state.samples import YIELD_EVERY
+from service.state.store import StateStore
 
 if TYPE_CHECKING:
     from service.api.retention import RetentionControl
@@ -137,7 +138,7 @@ class Runtime:
         counts: dict[str, int] = {}
         for tenant in list(self._tenants):
             for record in await self.store.list_sessions(tenant, limit=STATE_SAMPLE):
-                state = record.get("state", "")
+                state = record.state if record.state is not None else ""
                 counts[state] = counts.get(state, 0) + 1
         self.metrics.set_sessions(counts)
 

@@ -10,175 +10,38 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.api import decisions
 from service.api.deps import ApiError, Services, error_responses, get_services, tenant_of
-from service.api.segment_tracker import SegmentRefused
+from service.api.segment_lifecycle import SegmentRefused
+from service.api.session_views import (
+    ID_PATTERN,
+    SessionList,
+    SessionView,
+    SuspendRequest,
+    WorkerSpawn,
+    view,
+)
 from service.api.spawns import SpawnFacts
 from service.api.upstream import forward_headers
 from service.policy import lifecycle
 from service.settings import TenantSpec
-from service.state.store import SessionExists, SessionNotFound, SessionUpdate
+from service.state.records import SessionExists, SessionNotFound, SessionUpdate
+from service.wire.session_record import RecordField, SessionRecord
 
-__all__ = ["SessionView", "SuspendRequest", "WorkerSpawn", "router"]
+__all__ = ["router"]
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="session id (tenant-scoped)")]
-_MAX_WAIT_S = 30 * 86400.0
-_MAX_METADATA_BYTES = 4096
-#: Nesting allowed in worker metadata: enough for any label structure, far from the depth
-#: where decoding or serialising a stored record would fail on every later read.
-MAX_METADATA_DEPTH = 8
 
 router = APIRouter(
     prefix="/v1/sessions",
     tags=["sessions"],
     responses=error_responses(400, 401, 404, 409, 413, 422, 503),
 )
-
-
-def json_depth(value: object, limit: int) -> int:
-    """Nesting depth of a decoded JSON value, counted without recursion up to ``limit + 1``."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                return deepest
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-class SuspendRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    reason: str = Field(default="", max_length=256)
-    #: Expected wait before the session resumes (a human approval), seconds.
-    expected_wait_s: float | None = Field(default=None, ge=0, le=_MAX_WAIT_S, allow_inf_nan=False)
-
-
-class WorkerSpawn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    worker_id: str = Field(pattern=ID_PATTERN)
-    role: str = Field(default="worker", pattern=r"^[A-Za-z0-9_-]{1,32}$")
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    #: Spawn metadata for the worker ranker (``TENURE_SEGMENTS``; all optional).
-    subagent_type: str = Field(default="", pattern=r"^[A-Za-z0-9._ -]{0,64}$")
-    model: str = Field(default="", max_length=256)
-    expected_tokens: int = Field(default=0, ge=0, le=100_000_000)
-    background: bool = False
-
-    @field_validator("metadata")
-    @classmethod
-    def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if json_depth(value, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
-            raise ValueError(f"metadata must nest at most {MAX_METADATA_DEPTH} levels deep")
-        if len(json.dumps(value, default=str)) > _MAX_METADATA_BYTES:
-            raise ValueError(f"metadata must encode to at most {_MAX_METADATA_BYTES} bytes")
-        return value
-
-
-class SessionView(BaseModel):
-    session_id: str
-    state: str
-    turn: int = 0
-    created_at: float | None = None
-    last_activity: float | None = None
-    expected_gap_s: float | None = None
-    wakeup_at: float | None = None
-    eviction_class: str | None = None
-    stop_reason: str | None = None
-    tool: str | None = None
-    last_turn: bool = False
-    reason: str | None = None
-    suspended_at: float | None = None
-    suspend_reason: str | None = None
-    expected_wait_s: float | None = None
-    host_ttl_s: float | None = None
-    parent: str | None = None
-    role: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    segments: list[str] = Field(default_factory=list)
-    workers: list[str] = Field(default_factory=list)
-    inferred: bool = False
-    #: A spawned worker's lifetime as the ranker predicted it (segment tracking on).
-    predicted_lifetime_s: float | None = None
-
-
-class SessionList(BaseModel):
-    sessions: list[SessionView]
-    limit: int
-    offset: int
-
-
-def _float(record: dict[str, str], name: str) -> float | None:
-    value = record.get(name)
-    if not value:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _json_list(record: dict[str, str], name: str) -> list[str]:
-    try:
-        value = json.loads(record.get(name) or "[]")
-    except ValueError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def view(session: str, record: dict[str, str], now: float, slack_s: float) -> SessionView:
-    state = record.get("state", "idle")
-    wakeup = _float(record, "wakeup_at")
-    cls = (
-        lifecycle.classify(state, wakeup, now, slack_s)  # type: ignore[arg-type]
-        if state in ("active", "idle", "suspended", "finished")
-        else None
-    )
-    try:
-        metadata = json.loads(record.get("metadata") or "{}")
-    except (ValueError, RecursionError):
-        metadata = {}
-    if json_depth(metadata, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
-        # Stored before the depth limit (or by another writer): unreadable, not fatal.
-        metadata = {}
-    return SessionView(
-        session_id=session,
-        state=state,
-        turn=int(record.get("turn") or 0),
-        created_at=_float(record, "created_at"),
-        last_activity=_float(record, "last_activity"),
-        expected_gap_s=_float(record, "expected_gap_s"),
-        wakeup_at=wakeup,
-        eviction_class=cls.value if cls is not None else None,
-        stop_reason=record.get("stop_reason") or None,
-        tool=record.get("tool") or None,
-        last_turn=record.get("last_turn") == "1",
-        reason=record.get("reason") or None,
-        suspended_at=_float(record, "suspended_at"),
-        suspend_reason=record.get("suspend_reason") or None,
-        expected_wait_s=_float(record, "expected_wait_s"),
-        host_ttl_s=_float(record, "host_ttl_s"),
-        parent=record.get("parent") or None,
-        role=record.get("role") or None,
-        metadata=metadata if isinstance(metadata, dict) else {},
-        segments=_json_list(record, "segments"),
-        workers=_json_list(record, "workers"),
-        inferred=record.get("inferred") == "1",
-    )
 
 
 def _not_found(session: str) -> ApiError:
@@ -195,8 +58,8 @@ Svc = Annotated[Services, Depends(get_services)]
 Tenant = Annotated[TenantSpec, Depends(tenant_of)]
 
 
-Decide = Callable[[dict[str, str], float], lifecycle.LifecycleDecision]
-Extra = Callable[[dict[str, str], SessionUpdate, float], None]
+Decide = Callable[[SessionRecord, float], lifecycle.LifecycleDecision]
+Extra = Callable[[SessionRecord, SessionUpdate, float], None]
 
 
 async def _transition(
@@ -207,14 +70,15 @@ async def _transition(
     extra: Extra | None = None,
 ) -> SessionView:
     """Apply ``decide(record, now) -> LifecycleDecision`` to one session, publish, return it."""
+    await svc.settled(tenant.name, session)
     now = svc.clock()
     outcome: dict[str, Any] = {}
 
-    def mutate(record: dict[str, str]) -> SessionUpdate:
+    def mutate(record: SessionRecord) -> SessionUpdate:
         decision = decide(record, now)
         message = decisions.as_message(
-            decision, tenant=tenant.name, session=session, turn=int(record.get("turn") or 0),
-            parent=record.get("parent") or None, now=now,
+            decision, tenant=tenant.name, session=session, turn=record.turn,
+            parent=record.parent, now=now,
         )  # fmt: skip
         update = decisions.as_update(
             decision, message, now=now, session_ttl_s=svc.settings.session_ttl_s,
@@ -233,9 +97,7 @@ async def _transition(
     except _Conflict as exc:
         raise ApiError(409, exc.message, code="session_finished") from None
     decisions.count(svc.metrics, outcome["decision"])
-    after = {**before, **outcome["update"].fields}
-    for name in outcome["update"].deleted:
-        after.pop(name, None)
+    after = before.updated(outcome["update"].fields, outcome["update"].deleted)
     return view(session, after, now, svc.runtime.config.overdue_slack_s)
 
 
@@ -258,6 +120,7 @@ async def worker_return(session_id: SessionId, svc: Svc, tenant: Tenant) -> Sess
     409 for a lead session (it ends, it does not return), a worker that has returned already
     (on this route, or on a request marked as its last turn), or one whose own workers are live.
     """
+    await svc.settled(tenant.name, session_id)
     record = await svc.store.get_session(tenant.name, session_id)
     if record is None:
         raise _not_found(session_id)
@@ -267,24 +130,24 @@ async def worker_return(session_id: SessionId, svc: Svc, tenant: Tenant) -> Sess
             state = await svc.segments.check_return(tenant.name, session_id, record)
         except SegmentRefused as exc:
             raise ApiError(exc.status, exc.message, code=exc.code) from None
-    elif not record.get("parent"):
+    elif not record.parent:
         raise ApiError(
             409,
             f"session {session_id!r} is a lead session; it ends, it does not return",
             code="not_a_worker",
         )
-    elif record.get("state") == "finished":
+    elif record.state == "finished":
         raise ApiError(409, f"worker {session_id!r} returned twice", code="worker_returned")
 
-    def decide(current: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
-        if current.get("state") == "finished":
+    def decide(current: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
+        if current.state == "finished":
             raise _Conflict(f"worker {session_id!r} returned twice")
         return lifecycle.on_end(now)
 
     result = await _transition(svc, tenant, session_id, decide)
     if svc.segments is not None and state is not None:
         await svc.segments.returned(
-            tenant.name, session_id, state, int(record.get("turn") or 0), _engine_headers(svc)
+            tenant.name, session_id, state, record.turn, _engine_headers(svc)
         )
     return result
 
@@ -309,8 +172,8 @@ async def suspend_session(
 
     control = runtime.retention
 
-    def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
-        if record.get("state") == "finished":
+    def decide(record: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
+        if record.state == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
         if control is not None:
             # The tenant's online controller: its branch, its lambda, its share of C2.
@@ -327,13 +190,13 @@ async def suspend_session(
             calibration_waits_s=runtime.calibration_waits,
         )
 
-    def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
-        update.fields["suspended_at"] = repr(now)
-        update.fields["suspend_reason"] = request.reason
+    def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:
+        update.fields[RecordField.SUSPENDED_AT] = repr(now)
+        update.fields[RecordField.SUSPEND_REASON] = request.reason
         if request.expected_wait_s is not None:
-            update.fields["expected_wait_s"] = repr(request.expected_wait_s)
+            update.fields[RecordField.EXPECTED_WAIT_S] = repr(request.expected_wait_s)
         else:
-            update.deleted.append("expected_wait_s")
+            update.deleted.append(RecordField.EXPECTED_WAIT_S)
         update.push = ("suspensions", repr(now))
 
     result = await _transition(svc, tenant, session_id, decide, extra)
@@ -347,22 +210,22 @@ async def suspend_session(
 async def resume_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
     """The wait is over: the session's next turn is imminent."""
 
-    def decide(record: dict[str, str], now: float) -> lifecycle.LifecycleDecision:
-        if record.get("state") == "finished":
+    def decide(record: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
+        if record.state == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
         return lifecycle.on_resume(now)
 
     waited: dict[str, float] = {}
 
-    def extra(record: dict[str, str], update: SessionUpdate, now: float) -> None:
-        suspended_at = _float(record, "suspended_at")
-        if record.get("state") == "suspended" and suspended_at is not None:
+    def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:
+        suspended_at = record.suspended_at
+        if record.state == "suspended" and suspended_at is not None:
             # The observed approval wait is a calibration sample for the regime controller.
             update.push = ("waits", repr(max(0.0, now - suspended_at)))
             waited["at"], waited["wait"] = now, max(0.0, now - suspended_at)
         else:
             waited.clear()  # a retried update that no longer ends a suspension
-        update.deleted.extend(["suspended_at", "expected_wait_s"])
+        update.deleted.extend([RecordField.SUSPENDED_AT, RecordField.EXPECTED_WAIT_S])
 
     result = await _transition(svc, tenant, session_id, decide, extra)
     control = svc.runtime.retention
@@ -376,11 +239,12 @@ async def spawn_worker(
     session_id: SessionId, spawn: WorkerSpawn, svc: Svc, tenant: Tenant
 ) -> SessionView:
     """Spawn a sub-agent session whose parent is this one; returns the worker's session."""
+    await svc.settled(tenant.name, session_id)
     now = svc.clock()
     parent = await svc.store.get_session(tenant.name, session_id)
     if parent is None:
         raise _not_found(session_id)
-    if parent.get("state") == "finished":
+    if parent.state == "finished":
         raise ApiError(409, f"session {session_id!r} is finished", code="session_finished")
     decision = lifecycle.on_spawn(now, role=spawn.role)
     message = decisions.as_message(
@@ -392,12 +256,12 @@ async def spawn_worker(
     )  # fmt: skip
     update.fields.update(
         {
-            "id": spawn.worker_id,
-            "turn": "0",
-            "created_at": repr(now),
-            "parent": session_id,
-            "role": spawn.role,
-            "metadata": json.dumps(spawn.metadata, default=str),
+            RecordField.ID: spawn.worker_id,
+            RecordField.TURN: "0",
+            RecordField.CREATED_AT: repr(now),
+            RecordField.PARENT: session_id,
+            RecordField.ROLE: spawn.role,
+            RecordField.METADATA: json.dumps(spawn.metadata, default=str),
         }
     )
     try:
@@ -408,16 +272,17 @@ async def spawn_worker(
         ) from None
     decisions.count(svc.metrics, decision)
 
-    def add_worker(record: dict[str, str]) -> SessionUpdate:
-        workers = _json_list(record, "workers")
+    def add_worker(record: SessionRecord) -> SessionUpdate:
+        workers = list(record.workers)
         if spawn.worker_id not in workers and len(workers) < 1024:
             workers.append(spawn.worker_id)
-        return SessionUpdate(fields={"workers": json.dumps(workers)}, keep_live=True)
+        return SessionUpdate(fields={RecordField.WORKERS: json.dumps(workers)}, keep_live=True)
 
     # If the parent expired in between, the worker still knows its parent.
     with contextlib.suppress(SessionNotFound):
         await svc.store.update_session(tenant.name, session_id, add_worker, now=now)
-    result = view(spawn.worker_id, update.fields, now, svc.runtime.config.overdue_slack_s)
+    created = SessionRecord.from_hash(update.fields)
+    result = view(spawn.worker_id, created, now, svc.runtime.config.overdue_slack_s)
     if svc.segments is not None:
         facts = SpawnFacts(
             subagent_type=spawn.subagent_type,
@@ -437,6 +302,7 @@ async def spawn_worker(
 
 @router.get("/{session_id}", response_model=SessionView)
 async def get_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
+    await svc.settled(tenant.name, session_id)
     record = await svc.store.get_session(tenant.name, session_id)
     if record is None:
         raise _not_found(session_id)
@@ -455,7 +321,7 @@ async def list_sessions(
     now = svc.clock()
     slack = svc.runtime.config.overdue_slack_s
     return SessionList(
-        sessions=[view(r.get("id", ""), r, now, slack) for r in records],
+        sessions=[view(r.id, r, now, slack) for r in records],
         limit=limit,
         offset=offset,
     )

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["TINY_SHAPE", "configure"]
 
@@ -26,7 +26,7 @@ def _tiny_shape() -> Any:
     from service.calibrate.profile import ModelShape
     from service.live.stack import kv_bytes_per_block
 
-    # The tiny Llama (engine_adapter.testing.tiny_model): hidden 256, MLP 512, 2 layers,
+    # The tiny Llama (service.tools.tiny_model): hidden 256, MLP 512, 2 layers,
     # vocabulary 2051; matmul parameters = 2 x (4 x 256^2 + 3 x 256 x 512) + 256 x 2051.
     params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2051
     return ModelShape(
@@ -103,7 +103,7 @@ def _start_engine(args: argparse.Namespace) -> Any:
 
     from service.live.cli import ENGINE_DEFAULTS
     from service.live.stack import ABStack, ABStackConfig
-    from service.stack import StackError
+    from service.processes import StackError
 
     cache = Path(
         args.cache_dir or os.environ.get("TENURE_CACHE_DIR") or Path.home() / ".cache" / "tenure"

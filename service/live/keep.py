@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from service.live.stack import ABStack
-from service.stack import ManagedProcess, free_port, http_ok
+from service.processes import ManagedProcess, free_port, http_ok
 
 __all__ = ["prometheus_config", "serve_until_interrupted", "start_prometheus"]
 

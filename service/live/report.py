@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from service.live.arm import ArmResult, sum_metric
-from service.replay.engine import RunResult
 from service.replay.model import Trace
+from service.replay.results import RunResult
 
 __all__ = [
     "ARM_KEYS",

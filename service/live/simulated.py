@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from service.replay.engine import ReplayConfig, RunResult, simulate
+from service.replay.config import ReplayConfig
+from service.replay.engine import simulate
 from service.replay.hardware import GIB, HardwareProfile
 from service.replay.model import Trace
+from service.replay.results import RunResult
 
 __all__ = ["host_gib_for", "profile_for", "run_simulated"]
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.cli import UsageError
+from service.errors import UsageError
 from service.replay.model import SegmentBuilder, SegmentTable, Session, Trace, Turn
 
 __all__ = [

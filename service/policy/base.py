@@ -20,12 +20,10 @@ import pickle
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
+from service.policy.tier_view import TierView
 from service.policy.types import EvictionClass, Run, SessionHint, Victim
-
-if TYPE_CHECKING:
-    from service.policy.tier import HostTier
 
 __all__ = ["HintSource", "PolicyParams", "TierPolicy", "merge_runs"]
 
@@ -49,6 +47,9 @@ class TierPolicy(ABC):
     unbounded: ClassVar[bool] = False
     #: The ``notier`` reference: the tier has no room at all, whatever it was given.
     no_capacity: ClassVar[bool] = False
+    #: An admission policy: ``select_victims`` refuses stores by design (a gate), not only
+    #: when it cannot free enough (the contract tests expect it to refuse under pressure).
+    admission: ClassVar[bool] = False
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         unknown = set(params or {}) - set(self.defaults)
@@ -59,15 +60,15 @@ class TierPolicy(ABC):
             )
         self.params: dict[str, float] = {**self.defaults, **(params or {})}
         self.counters: Counter[str] = Counter()
-        self._tier: HostTier | None = None
+        self._tier: TierView | None = None
 
     @property
-    def tier(self) -> HostTier:
+    def tier(self) -> TierView:
         if self._tier is None:
             raise RuntimeError("policy is not attached to a HostTier")
         return self._tier
 
-    def attach(self, tier: HostTier) -> None:
+    def attach(self, tier: TierView) -> None:
         """Called once by the tier that owns this policy (gives read access to residency)."""
         self._tier = tier
 

@@ -34,6 +34,7 @@ __all__ = ["GateOnlyLiteral", "TenureExactGap", "TenureGate", "TenureTagsOff"]
 
 class TenureGate(SessionPolicy):
     name = "tenure"
+    admission = True
     hint_source: ClassVar[HintSource] = "predicted"
     reclaims = True
     defaults = {

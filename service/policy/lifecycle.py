@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.policy.gap import GapPredictor, stop_class
-from service.policy.retention import PriceVector, choose_regime, host_ttl_seconds
+from service.policy.retention import PriceVector, host_ttl_seconds
+from service.policy.retention_costs import choose_regime
 from service.policy.types import EvictionClass
 
 __all__ = [

@@ -16,6 +16,8 @@ class NoTierPolicy(TierPolicy):
     The tier it governs has no room whatever capacity it was given.
     """
 
+    admission = True
+
     name = "notier"
     no_capacity = True
 

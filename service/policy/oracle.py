@@ -20,6 +20,7 @@ __all__ = ["OraclePolicy"]
 
 class OraclePolicy(SessionPolicy):
     name = "oracle"
+    admission = True
     hint_source = "exact"
     reclaims = True
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from service.policy.base import TierPolicy
-from service.policy.tier import HostTier
+from service.policy.tier_view import TierView
 from service.policy.types import Run, SessionHint, Victim
 
 __all__ = ["PlacementGuard"]
@@ -33,7 +33,7 @@ class PlacementGuard(TierPolicy):
         self.counters = inner.counters
         self._pinned = pinned
 
-    def attach(self, tier: HostTier) -> None:
+    def attach(self, tier: TierView) -> None:
         super().attach(tier)
         self.inner.attach(tier)
 

@@ -13,6 +13,7 @@ from service.policy.base import PolicyParams, TierPolicy
 
 __all__ = [
     "UnknownPolicyError",
+    "admission_policy_names",
     "create_policy",
     "policy_class",
     "policy_names",
@@ -52,6 +53,11 @@ def register_policy(name: str, target: str) -> None:
 
 def policy_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def admission_policy_names() -> list[str]:
+    """Registered policies that refuse stores by design (``TierPolicy.admission``)."""
+    return [name for name in policy_names() if policy_class(name).admission]
 
 
 def policy_class(name: str) -> type[TierPolicy]:

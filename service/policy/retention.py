@@ -19,9 +19,7 @@ rates per second.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from service.policy.rate import SlidingWindowRate
 
@@ -29,9 +27,7 @@ __all__ = [
     "DEFAULT_PRICE",
     "LambdaEstimator",
     "PriceVector",
-    "RegimeChoice",
     "alpha2",
-    "choose_regime",
     "hold_cost",
     "host_ttl_seconds",
     "lambda_crit",
@@ -106,37 +102,3 @@ def host_ttl_seconds(lam: float, price: PriceVector, c2: float, w_ref_s: float) 
     if price_2 <= 0:
         return None
     return (price.beta3 - price.beta2) / price_2
-
-
-@dataclass(frozen=True, slots=True)
-class RegimeChoice:
-    regime: Literal["retain", "ttl"]
-    host_ttl_s: float | None
-    cost_retain: float
-    cost_ttl: float
-    samples: int
-
-
-def choose_regime(
-    waits_s: Iterable[float], lam: float, price: PriceVector, c2: float, w_ref_s: float
-) -> RegimeChoice:
-    """Score the calibration waits under host-retain and ``cpu_ttl(lambda)``; keep the cheaper.
-
-    The two are scored in the finite host tier as a loss system (long-run cost per context,
-    :func:`service.policy.host_loss.steady_state_cost`), not with the mean-field ``alpha2``
-    charge: that charge only derives ``t2`` and, used to score, it prefers expiry whenever the
-    mean residual wait beyond ``t2`` exceeds ``t2`` (memoryless waits included), which the
-    finite-capacity replay refutes. Without congestion both branches keep every copy and
-    retain wins the tie. ``cost_retain`` / ``cost_ttl`` are totals over the samples (GPU-s).
-    """
-    from service.policy.retention_control import RetentionModel, branch_costs
-
-    waits = [w for w in waits_s if w >= 0 and math.isfinite(w)]
-    t2 = host_ttl_seconds(lam, price, c2, w_ref_s)
-    if not waits:
-        return RegimeChoice("retain", None, 0.0, 0.0, 0)
-    costs = branch_costs(RetentionModel(price, c2, w_ref_s), waits, lam)
-    n = len(waits)
-    if t2 is not None and costs.ttl < costs.retain:
-        return RegimeChoice("ttl", t2, costs.retain * n, costs.ttl * n, n)
-    return RegimeChoice("retain", None, costs.retain * n, costs.ttl * n, n)

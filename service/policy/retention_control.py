@@ -26,131 +26,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from service.policy.host_loss import episode_cost, poisson_arrivals, steady_state_cost
 from service.policy.rate import (
     RateEstimator,
     rate_estimator,
     rate_estimator_from_state,
     rate_lower_bound,
 )
-from service.policy.retention import PriceVector, host_ttl_seconds, lambda_crit
+from service.policy.retention_costs import (
+    EVALUATORS,
+    Branch,
+    BranchCosts,
+    Evaluator,
+    RetentionModel,
+    branch_costs,
+    check_lambda,
+    clean_waits,
+)
 from service.policy.waits import SuspensionCohort, WaitWindow
 
 __all__ = [
-    "EVALUATORS",
-    "Branch",
-    "BranchCosts",
     "OneShotController",
     "OnlineController",
     "OnlineSettings",
     "RetentionDecision",
-    "RetentionModel",
-    "branch_costs",
     "rechoose_branch",
 ]
-
-Branch = Literal["retain", "ttl"]
-Evaluator = Literal["steady", "episode"]
-EVALUATORS: tuple[Evaluator, ...] = ("steady", "episode")
-
-
-def _check_lambda(lam: float) -> float:
-    if isinstance(lam, bool) or not (isinstance(lam, int | float) and math.isfinite(lam)):
-        raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
-    if lam < 0:
-        raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
-    return float(lam)
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionModel:
-    """What the TTL decision is priced with: price vector, host slots ``C2``, ``W_ref``.
-
-    Stricter than :class:`PriceVector` on its own: a zero recompute cost ``beta3`` would make
-    every timer zero, so it is refused here (``beta2 = 0`` is allowed: the seed's own
-    sensitivity case, a host restore fully hidden behind DMA).
-    """
-
-    price: PriceVector
-    c2: float
-    w_ref_s: float
-
-    def __post_init__(self) -> None:
-        if not (self.price.beta3 > 0):
-            raise ValueError(f"beta3 must be > 0, got {self.price.beta3!r}")
-        lambda_crit(self.c2, self.w_ref_s)  # names c2 / w_ref_s when either is bad
-        if self.c2 < 1:
-            raise ValueError(f"c2 must be >= 1 host slot, got {self.c2!r}")
-
-    @property
-    def slots(self) -> int:
-        return int(self.c2)
-
-    @property
-    def lambda_crit(self) -> float:
-        return lambda_crit(self.c2, self.w_ref_s)
-
-    def t2(self, lam: float) -> float | None:
-        return host_ttl_seconds(_check_lambda(lam), self.price, self.c2, self.w_ref_s)
-
-
-@dataclass(frozen=True, slots=True)
-class BranchCosts:
-    """Mean GPU-s per suspended context under each branch, on one wait sample."""
-
-    retain: float
-    ttl: float
-    t2: float | None
-    lam: float
-    samples: int
-    evaluator: Evaluator
-
-    def cost(self, branch: Branch) -> float:
-        return self.retain if branch == "retain" else self.ttl
-
-
-def _clean_waits(waits_s: Sequence[float]) -> list[float]:
-    waits = [float(w) for w in waits_s if math.isfinite(w) and w >= 0]
-    if not waits:
-        raise ValueError("waits_s (calibration samples) must hold at least one wait >= 0")
-    return waits
-
-
-def branch_costs(
-    model: RetentionModel,
-    waits_s: Sequence[float],
-    lam: float,
-    *,
-    evaluator: Evaluator = "steady",
-    seed: int = 0,
-) -> BranchCosts:
-    """Score ``retain`` and ``ttl`` (``t2(lam)``) on ``waits_s`` at suspension rate ``lam``.
-
-    ``steady``: the long-run cost in the loss system (what a long-running deployment pays).
-    ``episode``: the seed's calibration replay: the waits, in order, arrive as a Poisson stream
-    at ``lam`` (seeded) into an empty tier.
-    """
-    if evaluator not in EVALUATORS:
-        raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
-    waits = _clean_waits(waits_s)
-    lam = _check_lambda(lam)
-    t2 = model.t2(lam)
-    if evaluator == "steady":
-        retain = steady_state_cost(waits, lam, None, model.slots, model.price)
-        ttl = retain if t2 is None else steady_state_cost(waits, lam, t2, model.slots, model.price)
-    else:
-        if lam == 0:
-            # No arrivals to congest the tier: every copy is kept and resumed from host.
-            retain = ttl = model.price.beta2
-        else:
-            arrivals = poisson_arrivals(len(waits), lam, seed)
-            retain = episode_cost(arrivals, waits, None, model.slots, model.price).cost
-            ttl = (
-                retain
-                if t2 is None
-                else episode_cost(arrivals, waits, t2, model.slots, model.price).cost
-            )
-    return BranchCosts(retain, ttl, t2, lam, len(waits), evaluator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +97,7 @@ def rechoose_branch(
     """
     if not (math.isfinite(margin) and 0 <= margin < 1):
         raise ValueError(f"margin must be in [0, 1), got {margin!r}")
-    lam = _check_lambda(lam)
+    lam = check_lambda(lam)
     crit = model.lambda_crit
     waits = [float(w) for w in waits_s if math.isfinite(w) and w >= 0]
 
@@ -269,10 +169,10 @@ class OneShotController:
         seed: int = 0,
     ) -> None:
         self.model = model
-        self.lam = _check_lambda(lam)
-        at_lam = self.lam if calibration_lam is None else _check_lambda(calibration_lam)
+        self.lam = check_lambda(lam)
+        at_lam = self.lam if calibration_lam is None else check_lambda(calibration_lam)
         costs = branch_costs(
-            model, _clean_waits(calibration_waits_s), at_lam, evaluator=evaluator, seed=seed
+            model, clean_waits(calibration_waits_s), at_lam, evaluator=evaluator, seed=seed
         )
         # Retain wins ties (identical below lambda_crit): the seed's default branch.
         self.branch: Branch = "ttl" if costs.ttl < costs.retain else "retain"
@@ -339,7 +239,7 @@ class OnlineSettings:
         if self.initial_branch not in ("retain", "ttl"):
             raise ValueError("initial_branch must be 'retain' or 'ttl'")
         if self.pinned_lambda is not None:
-            _check_lambda(self.pinned_lambda)
+            check_lambda(self.pinned_lambda)
         if not (math.isfinite(self.lambda_z) and self.lambda_z >= 0):
             raise ValueError(f"lambda_z must be a finite number >= 0, got {self.lambda_z!r}")
         rate_estimator(self.estimator)  # names a bad spec now, not at the first event

@@ -1,6 +1,6 @@
 """The sidecar side of the push channel: a ZeroMQ ROUTER that adapters' DEALERs connect to.
 
-The protocol is documented in :mod:`service.push.messages`. This side:
+The protocol is documented in :mod:`service.wire.push`. This side:
 
 * tails the decision stream in Redis and forwards every decision, in sequence order, to every
   adapter heard from recently. The stream is written by every replica, so an adapter connected
@@ -12,10 +12,10 @@ The protocol is documented in :mod:`service.push.messages`. This side:
 
 Redis or adapter failures never propagate: the loops log, count, back off and carry on.
 
-Threat model and security (:class:`PushSecurity`). Whoever can connect to the ROUTER receives
-every decision of every tenant (tenant-scoped session ids, their states and wake-ups) and can
-send residency reports that feed ``/metrics``; whoever can pose as the sidecar to an adapter
-can push ``finished`` decisions that reclaim any session's host KV. So:
+Threat model (the measures are in :mod:`service.push.security`). Whoever can connect to the
+ROUTER receives every decision of every tenant (tenant-scoped session ids, their states and
+wake-ups) and can send residency reports that feed ``/metrics``; whoever can pose as the
+sidecar to an adapter can push ``finished`` decisions that reclaim any session's host KV. So:
 
 * ``tcp://`` on a loopback address is open to every local process, ``ipc://PATH`` to who may
   open the socket file: it is created with ``ipc_mode`` permissions (default 0600, the
@@ -37,20 +37,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
-from zmq.utils import z85
 
 from service.metrics import OTHER, Metrics
-from service.push.messages import (
+from service.push.security import PushSecurity, bind_ipc, secure_socket
+from service.state.breaker import StateUnavailable
+from service.state.store import StateStore
+from service.wire.push import (
     Decision,
     Hello,
     Message,
@@ -61,10 +62,8 @@ from service.push.messages import (
     decode,
     encode,
 )
-from service.state.breaker import StateUnavailable
-from service.state.store import StateStore
 
-__all__ = ["PushSecurity", "PushServer"]
+__all__ = ["PushServer"]
 
 log = logging.getLogger(__name__)
 
@@ -80,44 +79,6 @@ _TAIL_COALESCE_S = 0.01
 _MAX_FRAME_BYTES = 1 << 20
 #: Snapshots per peer: a burst of this many, then one per second.
 _SNAPSHOT_BURST = 4.0
-
-
-@dataclass(frozen=True, slots=True)
-class PushSecurity:
-    """How the push socket is secured (see the module's threat model)."""
-
-    #: The sidecar's CURVE secret key (Z85); None: no CURVE.
-    curve_secret_key: str | None = None
-    #: Adapter name -> its CURVE public key (Z85): only these may connect.
-    client_keys: Mapping[str, str] = field(default_factory=dict)
-    #: Permissions of an ``ipc://`` socket file.
-    ipc_mode: int = 0o600
-    #: Peers tracked at once.
-    max_adapters: int = 64
-    #: Engine ids adapters may report under (configuration); others are labelled ``other``.
-    #: Empty: the first ids heard, up to the metrics' label budget.
-    engine_ids: frozenset[str] = frozenset()
-
-    def __repr__(self) -> str:  # never the secret key
-        return (
-            f"PushSecurity(curve={self.curve_secret_key is not None}, "
-            f"clients={sorted(self.client_keys)}, ipc_mode={self.ipc_mode:o})"
-        )
-
-
-class _NamedKeys(AsyncioAuthenticator):
-    """ZAP: CURVE clients must hold one of the configured keys; their User-Id is its name."""
-
-    def __init__(self, context: zmq.asyncio.Context, names: Mapping[str, str]) -> None:
-        super().__init__(context=context)
-        #: Z85 public key (bytes, as the ZAP handler passes it) -> adapter name.
-        self._names = {key.encode(): name for key, name in names.items()}
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._names
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        return self._names.get(z85.encode(client_public_key), "unknown")
 
 
 @dataclass(slots=True)
@@ -186,7 +147,7 @@ class PushServer:
             port = socket.bind_to_random_port(self.addr.rsplit(":", 1)[0])
             self.bound_addr = f"{self.addr.rsplit(':', 1)[0]}:{port}"
         elif self.addr.startswith("ipc://") and not self.addr.startswith("ipc://@"):
-            self._bind_ipc(socket, self.addr.removeprefix("ipc://"))
+            bind_ipc(socket, self.addr.removeprefix("ipc://"), self.security.ipc_mode)
             self.bound_addr = self.addr
         else:
             socket.bind(self.addr)
@@ -200,33 +161,7 @@ class PushServer:
         ]
 
     def _secure(self, socket: zmq.asyncio.Socket) -> None:
-        secret = self.security.curve_secret_key
-        if secret is None:
-            return
-        if self.security.client_keys:
-            names = {key: name for name, key in self.security.client_keys.items()}
-            self._auth = _NamedKeys(self._ctx, names)
-            self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=self._auth)
-        socket.curve_secretkey = secret.encode()
-        socket.curve_publickey = zmq.curve_public(secret.encode())
-        socket.curve_server = True
-
-    def _bind_ipc(self, socket: zmq.asyncio.Socket, path: str) -> None:
-        mode = self.security.ipc_mode
-        directory = os.path.dirname(path)
-        if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a stale socket of an earlier run
-        # The socket file is created with the umask's permissions: narrow it for the bind so
-        # the file is never more open than ``mode``, then set ``mode`` exactly.
-        previous = os.umask(0o777 & ~mode)
-        try:
-            socket.bind(f"ipc://{path}")
-        finally:
-            os.umask(previous)
-        os.chmod(path, mode)
+        self._auth = secure_socket(socket, self.security, self._ctx)
 
     async def stop(self) -> None:
         self._stopping = True

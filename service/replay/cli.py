@@ -4,43 +4,20 @@
 ``tenure replay placement``, SSD-tier placement, in :mod:`service.replay.placement_cli`.)
 
 Bad input (a malformed or truncated trace, an unknown policy or hardware name, a negative rate
-or capacity) raises :class:`~service.cli.UsageError`: one line, exit code 2, no traceback.
+or capacity) raises :class:`~service.errors.UsageError`: one line, exit code 2, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
+from service.replay.arguments import int_list, number
 
 __all__ = ["configure"]
-
-
-def _float(text: str, name: str, *, positive: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{name} must be a number, got {text!r}") from None
-    if math.isnan(value) or math.isinf(value) or value < 0 or (positive and value == 0):
-        kind = "positive" if positive else "non-negative"
-        raise UsageError(f"{name} must be a {kind} number, got {text!r}")
-    return value
-
-
-def _ints(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise UsageError(
-            f"{name} must be a comma-separated list of integers, got {text!r}"
-        ) from None
-    if not values or any(v < 0 for v in values):
-        raise UsageError(f"{name} must list non-negative integers, got {text!r}")
-    return values
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -103,19 +80,19 @@ class _Options:
         from service.replay.experiment import all_policies, default_jobs, order_policies
         from service.replay.hardware import get_profile
 
-        self.rate = _float(args.arrival_rate, "--arrival-rate", positive=True)
-        self.host_gib = _float(args.host_gib, "--host-gib", positive=False)
+        self.rate = number(args.arrival_rate, "--arrival-rate", positive=True)
+        self.host_gib = number(args.host_gib, "--host-gib", positive=False)
         self.hardware = get_profile(args.hardware)
-        self.seeds = _ints(args.seeds, "--seeds")
+        self.seeds = int_list(args.seeds, "--seeds")
         if len(set(self.seeds)) != len(self.seeds):
             raise UsageError(f"--seeds lists a seed twice: {args.seeds!r}")
-        self.boot = _ints(args.boot, "--boot")[0]
-        self.jobs = _ints(args.jobs, "--jobs")[0] if args.jobs is not None else default_jobs()
+        self.boot = int_list(args.boot, "--boot")[0]
+        self.jobs = int_list(args.jobs, "--jobs")[0] if args.jobs is not None else default_jobs()
         if self.jobs < 1:
             raise UsageError("--jobs must be at least 1")
         self.max_sessions: int | None = None
         if args.max_sessions is not None:
-            self.max_sessions = _ints(args.max_sessions, "--max-sessions")[0]
+            self.max_sessions = int_list(args.max_sessions, "--max-sessions")[0]
             if self.max_sessions < 1:
                 raise UsageError("--max-sessions must be at least 1")
         if args.policies is None:
@@ -200,7 +177,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     opts = _Options(args)
     positive = args.param == "arrival-rate"
-    values = [_float(v, "--values", positive=positive) for v in args.values.split(",") if v.strip()]
+    values = [number(v, "--values", positive=positive) for v in args.values.split(",") if v.strip()]
     if not values:
         raise UsageError("--values is empty")
     trace = opts.load()

@@ -15,10 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from service.policy import policy_class, policy_names
-from service.replay.engine import ReplayConfig, RunResult, simulate
+from service.replay.config import ReplayConfig
+from service.replay.engine import simulate
 from service.replay.hardware import GIB, HardwareProfile
 from service.replay.metrics import samples, summarize
 from service.replay.model import Trace
+from service.replay.results import RunResult
 from service.replay.stats import paired_delta
 
 __all__ = [

@@ -179,7 +179,7 @@ PROFILES: dict[str, HardwareProfile] = {
 
 
 # The live A/B's engine (``tenure up``): vLLM's CPU build serving the tiny random-weight Llama
-# (engine_adapter.testing.tiny_model: hidden 256, MLP 512, 2 layers, 4 heads x 64, vocabulary
+# (service.tools.tiny_model: hidden 256, MLP 512, 2 layers, 4 heads x 64, vocabulary
 # 2051) in float32 on this 2-core VM. Shape and batch limits are the engine's configuration
 # (service.live.cli.ENGINE_DEFAULTS). The speeds are one `tenure calibrate-profile` run
 # (results/live/profile_cpu.json: vLLM's own per-request prefill/decode timers and its
@@ -222,7 +222,7 @@ PROFILES["cpu-tiny-fp32"] = HardwareProfile(
 
 
 def get_profile(name: str) -> HardwareProfile:
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     profile = PROFILES.get(name)
     if profile is None:
@@ -290,7 +290,7 @@ SSD_PROFILES: dict[str, SsdProfile] = {
 
 
 def get_ssd(name: str) -> SsdProfile:
-    from service.cli import UsageError
+    from service.errors import UsageError
 
     profile = SSD_PROFILES.get(name)
     if profile is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from service.replay.engine import RunResult
+from service.replay.results import RunResult
 from service.replay.stats import SeedSample, bootstrap_ci, clustered_ci, percentile
 
 __all__ = ["samples", "summarize"]

@@ -2,7 +2,7 @@
 
 Bad input (a missing or malformed trace, a trace of another format, unknown hardware / SSD /
 contender names, a bad ranker artefact, non-positive rates or capacities) raises
-:class:`~service.cli.UsageError`: one line, exit code 2.
+:class:`~service.errors.UsageError`: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["add_placement_command"]
 
@@ -58,11 +58,12 @@ def add_placement_command(subs: Any) -> None:
 def _placement(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from service.errors import TraceError
     from service.policy.ranker import RankerArtefactError, RidgeRanker
-    from service.replay.cli import _float, _ints
+    from service.replay.arguments import int_list, number
     from service.replay.experiment import default_jobs
     from service.replay.hardware import GIB, get_profile, get_ssd
-    from service.replay.loaders import TraceError, detect_format, load_trace
+    from service.replay.loaders import detect_format, load_trace
     from service.replay.loaders.claude_code_meta import load_claude_code_meta
     from service.replay.placement_exp import (
         CONTENDERS,
@@ -77,21 +78,21 @@ def _placement(args: argparse.Namespace) -> int:
 
     hardware = get_profile(args.hardware)
     ssd = get_ssd(args.ssd)
-    dram = [_float(v, "--dram-gib", positive=True) for v in args.dram_gib.split(",") if v.strip()]
+    dram = [number(v, "--dram-gib", positive=True) for v in args.dram_gib.split(",") if v.strip()]
     if not dram:
         raise UsageError("--dram-gib is empty")
     ssd_bytes = None
     if args.ssd_gib is not None:
-        ssd_bytes = _float(args.ssd_gib, "--ssd-gib", positive=True) * GIB
+        ssd_bytes = number(args.ssd_gib, "--ssd-gib", positive=True) * GIB
     rates = tuple(
-        sorted({_float(v, "--rates", positive=True) for v in args.rates.split(",") if v.strip()})
+        sorted({number(v, "--rates", positive=True) for v in args.rates.split(",") if v.strip()})
     )
     if not rates:
         raise UsageError("--rates is empty")
-    seeds = _ints(args.seeds, "--seeds")
-    slo_factor = _float(args.slo_factor, "--slo-factor", positive=True)
-    reference_rate = _float(args.reference_rate, "--reference-rate", positive=True)
-    jobs = _ints(args.jobs, "--jobs")[0] if args.jobs is not None else default_jobs()
+    seeds = int_list(args.seeds, "--seeds")
+    slo_factor = number(args.slo_factor, "--slo-factor", positive=True)
+    reference_rate = number(args.reference_rate, "--reference-rate", positive=True)
+    jobs = int_list(args.jobs, "--jobs")[0] if args.jobs is not None else default_jobs()
     if jobs < 1:
         raise UsageError("--jobs must be at least 1")
     contenders = CONTENDERS
@@ -129,7 +130,7 @@ def _placement(args: argparse.Namespace) -> int:
     reasoning = estimate_reasoning(meta)
     roots = trace.roots if args.all_sessions else placement_sessions(trace, meta, reasoning)
     if args.max_sessions is not None:
-        n = _ints(args.max_sessions, "--max-sessions")[0]
+        n = int_list(args.max_sessions, "--max-sessions")[0]
         if n < 1:
             raise UsageError("--max-sessions must be at least 1")
         roots = roots[:n]

@@ -21,13 +21,13 @@ import numpy as np
 
 from service.policy.ranker import HeuristicRanker, RidgeRanker
 from service.policy.ranker_fit import LabeledSpawn, cross_validate
-from service.replay.engine import ReplayConfig, RunResult
+from service.replay.config import ReplayConfig, TieringConfig, WorkloadNotes
 from service.replay.experiment import run_grid
 from service.replay.hardware import GIB, HardwareProfile, SsdProfile
 from service.replay.loaders.claude_code_meta import TraceMeta
 from service.replay.model import Trace
 from service.replay.reasoning import ReasoningEstimate
-from service.replay.tiering import TieringConfig, WorkloadNotes
+from service.replay.results import RunResult
 
 __all__ = [
     "BASELINES",

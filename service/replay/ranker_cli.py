@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["configure", "evaluation_table"]
 
@@ -56,12 +56,13 @@ def evaluation_table(cv: dict[str, Any]) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from service.errors import TraceError
     from service.policy.ranker_fit import cross_validate, fit_ridge, grouped_folds
-    from service.replay.cli import _ints
-    from service.replay.loaders import TraceError, detect_format
+    from service.replay.arguments import int_list
+    from service.replay.loaders import detect_format
     from service.replay.loaders.claude_code_meta import load_claude_code_meta
 
-    folds = _ints(args.folds, "--folds")[0]
+    folds = int_list(args.folds, "--folds")[0]
     if folds < 2:
         raise UsageError("--folds must be at least 2")
     for out in (args.out, args.json):

@@ -1,7 +1,7 @@
 """``tenure replay ttl``: the approval-gate host TTL replay (seed 002's Table 6, and a drift day).
 
 Bad input (an unknown family or platform, a non-positive price, C2, W_ref or load, a missing
-trace) raises :class:`~service.cli.UsageError`: one line, exit code 2, before any work starts.
+trace) raises :class:`~service.errors.UsageError`: one line, exit code 2, before any work starts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["configure"]
 
@@ -88,7 +88,7 @@ def _say(message: str) -> None:
 def _model(args: argparse.Namespace) -> Any:
     from service.policy.platforms import get_platform
     from service.policy.retention import PriceVector
-    from service.policy.retention_control import RetentionModel
+    from service.policy.retention_costs import RetentionModel
 
     try:
         if args.price is not None:

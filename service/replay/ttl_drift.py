@@ -31,13 +31,8 @@ from typing import Any
 import numpy as np
 
 from service.policy.rate import rate_estimator
-from service.policy.retention_control import (
-    Evaluator,
-    OneShotController,
-    OnlineController,
-    OnlineSettings,
-    RetentionModel,
-)
+from service.policy.retention_control import OneShotController, OnlineController, OnlineSettings
+from service.policy.retention_costs import Evaluator, RetentionModel
 from service.policy.waits import WaitWindow
 from service.replay.ttl_families import WaitFamily
 from service.replay.ttl_policies import LoadIndexedTimer, OnlinePolicy

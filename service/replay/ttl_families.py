@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.replay.loaders._io import TraceError, json_lines
+from service.errors import TraceError
+from service.replay.loaders._io import json_lines
 
 __all__ = [
     "FAMILY_NAMES",

@@ -6,12 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.policy.rate import RateEstimator, rate_lower_bound
-from service.policy.retention_control import (
-    OneShotController,
-    OnlineController,
-    RetentionDecision,
-    RetentionModel,
-)
+from service.policy.retention_control import OneShotController, OnlineController, RetentionDecision
+from service.policy.retention_costs import RetentionModel
 
 __all__ = ["LoadIndexedTimer", "OneShotPolicy", "OnlinePolicy"]
 

@@ -27,12 +27,8 @@ from typing import Any
 import numpy as np
 
 from service.policy.rate import rate_estimator
-from service.policy.retention_control import (
-    OneShotController,
-    OnlineController,
-    OnlineSettings,
-    RetentionModel,
-)
+from service.policy.retention_control import OneShotController, OnlineController, OnlineSettings
+from service.policy.retention_costs import RetentionModel
 from service.replay.ttl_families import WaitFamily
 from service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
 from service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers

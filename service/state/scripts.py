@@ -29,7 +29,35 @@ key prefix the caller built, because the id is only known inside the script.
 
 from __future__ import annotations
 
-__all__ = ["APPLY", "INFERENCE_KEYS_PER_SESSION", "ROLLBACK", "TURN_START", "UNDO_SEPARATOR"]
+from enum import IntEnum
+
+__all__ = [
+    "APPLY",
+    "INFERENCE_KEYS_PER_SESSION",
+    "ROLLBACK",
+    "TURN_START",
+    "UNDO_SEPARATOR",
+    "ApplyStatus",
+    "RollbackStatus",
+]
+
+
+class ApplyStatus(IntEnum):
+    """What :data:`APPLY` returns first (its reply is ``{status, seq}``)."""
+
+    APPLIED = 1
+    GUARD_FAILED = 0  # the guard field had another value: nothing changed
+    MISSING = -1  # no such session (an update, not a create)
+    EXISTS = -2  # a create found the session already there
+
+
+class RollbackStatus(IntEnum):
+    """What :data:`ROLLBACK` returns first (its reply is ``{status, seq}``)."""
+
+    TAKEN_BACK = 1
+    NOT_CURRENT = 0  # another turn started meanwhile: the failed one stays counted
+    MISSING = -1
+
 
 #: Prefix-hash keys kept per inferred session (its newest requests): the next turn finds the
 #: newest, a retried or forked turn one of the few before it. Older ones are deleted, so Redis

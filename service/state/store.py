@@ -9,138 +9,40 @@ so when Redis is down callers get :class:`StateUnavailable` at once (and fail op
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import random
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from service.push.messages import Decision
 from service.state import scripts
 from service.state.batcher import DirectScripts, ScriptBatcher
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
+from service.state.records import (
+    SessionExists,
+    SessionNotFound,
+    SessionUpdate,
+    StoreLimits,
+    TurnStart,
+    parse_observation,
+    text,
+)
+from service.state.samples import SamplesAndConfig
+from service.state.scripts import ApplyStatus, RollbackStatus
 from service.state.topology import RedisClient
+from service.wire.decision_codec import decision_body, decision_parts, decode_decision
+from service.wire.push import Decision
+from service.wire.session_record import RecordField, SessionRecord
 
-__all__ = [
-    "YIELD_EVERY",
-    "GapObservation",
-    "SessionExists",
-    "SessionNotFound",
-    "SessionUpdate",
-    "StateStore",
-    "StateUnavailable",
-    "StoreLimits",
-    "TurnStart",
-    "decision_body",
-    "decision_parts",
-    "decode_decision",
-    "parse_observation",
-]
+__all__ = ["StateStore", "StateUnavailable"]
 
 T = TypeVar("T")
-#: Long sample lists are parsed (and models rebuilt from them) in slices of this many, yielding
-#: to the event loop between: thousands at once held every proxied request for milliseconds.
-YIELD_EVERY = 256
-_json_encode = msgspec.json.Encoder().encode
-_decision_decoder = msgspec.json.Decoder(Decision)
 
 
-class SessionNotFound(LookupError):
-    pass
-
-
-class SessionExists(LookupError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class StoreLimits:
-    session_ttl_s: int = 7 * 24 * 3600
-    finished_ttl_s: int = 3600
-    decision_stream_maxlen: int = 10_000
-    list_maxlen: int = 2048
-    wait_samples_maxlen: int = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class TurnStart:
-    session: str
-    turn: int
-    previous_state: str
-    #: The idle gap this request ended, when the session was idle.
-    observation: GapObservation | None
-    seq: int
-    inferred: bool
-
-
-@dataclass(frozen=True, slots=True)
-class GapObservation:
-    stop_reason: str
-    tool: str
-    gap_s: float
-    #: What was predicted (or declared) for this gap, when known.
-    expected_s: float | None
-
-
-@dataclass(slots=True)
-class SessionUpdate:
-    """A change to one session record, with the decision it publishes.
-
-    ``live_score=None`` removes the session from the live index (finished), unless
-    ``keep_live`` leaves its position as it is; ``push`` names a
-    bounded list (``"waits"`` / ``"suspensions"``) and the value to push to it.
-    """
-
-    fields: dict[str, str] = field(default_factory=dict)
-    deleted: list[str] = field(default_factory=list)
-    live_score: float | None = None
-    keep_live: bool = False
-    ttl_s: int | None = None
-    decision: Decision | None = None
-    push: tuple[str, str] | None = None
-
-
-def decision_body(decision: Decision) -> bytes:
-    """JSON of a decision for the scripts, which fill in ``seq`` (and the hot path's ``turn``)."""
-    return _json_encode(decision)
-
-
-_SEQ_ZERO = b'"seq":0'
-
-
-def decision_parts(decision: Decision) -> tuple[bytes, bytes]:
-    """A decision's JSON (``seq`` 0) split around its ``seq`` value, for APPLY to join."""
-    body = _json_encode(decision)
-    # ``seq`` is the first field after the tag, so this is its own occurrence, never text
-    # inside a later string value.
-    at = body.find(_SEQ_ZERO)
-    if decision.seq != 0 or at < 0 or body[at + len(_SEQ_ZERO)] not in b",}":
-        raise ValueError("decision_parts needs a decision whose seq is 0")
-    return body[: at + 6], body[at + len(_SEQ_ZERO) :]
-
-
-def decode_decision(body: bytes | str) -> Decision:
-    return _decision_decoder.decode(body)
-
-
-def parse_observation(entry: bytes | str) -> GapObservation | None:
-    """``stop_reason|tool|gap_s|expected_s`` -> observation; ``None`` if malformed."""
-    reason, tool, gap, expected = [*_text(entry).split("|"), "", "", "", ""][:4]
-    try:
-        return GapObservation(reason, tool, float(gap), float(expected) if expected else None)
-    except ValueError:
-        return None  # a malformed entry (a foreign writer) is skipped, never fatal
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-class StateStore:
+class StateStore(SamplesAndConfig):
     """Async access to everything the sidecar keeps in Redis."""
 
     def __init__(
@@ -238,9 +140,9 @@ class StateStore:
         )
         sid, turn, prev_state, observed, seq, inferred = raw
         return TurnStart(
-            session=_text(sid),
+            session=text(sid),
             turn=int(turn),
-            previous_state=_text(prev_state),
+            previous_state=text(prev_state),
             observation=parse_observation(observed) if observed else None,
             seq=int(seq),
             inferred=bool(int(inferred)),
@@ -248,7 +150,7 @@ class StateStore:
 
     async def rollback_turn(
         self, tenant: str, session: str, turn: int, *, now: float
-    ) -> tuple[int, int]:
+    ) -> tuple[RollbackStatus, int]:
         """Take back turn ``turn`` (the upstream refused it); ``(status, seq)`` as ROLLBACK.
 
         Only the session's current, still active turn is taken back: if another turn started
@@ -273,7 +175,7 @@ class StateStore:
             str(self.limits.decision_stream_maxlen),
         ]
         raw = await self._call("rollback", lambda: self._scripts.call(self._rollback, keys, args))
-        return int(raw[0]), int(raw[1])
+        return RollbackStatus(int(raw[0])), int(raw[1])
 
     # --- guarded updates ----------------------------------------------------------------------
 
@@ -286,7 +188,7 @@ class StateStore:
         now: float,
         guard: tuple[str, str] | None = None,
         create: bool = False,
-    ) -> tuple[int, int]:
+    ) -> tuple[ApplyStatus, int]:
         """Apply ``update`` atomically; returns ``(status, seq)`` as the APPLY script does."""
         k = self.keys
         skey = k.session(tenant, session)
@@ -329,32 +231,38 @@ class StateStore:
             args += (name, value)
         args += update.deleted
         raw = await self._call("apply", lambda: self._scripts.call(self._apply, keys, args))
-        return int(raw[0]), int(raw[1])
+        return ApplyStatus(int(raw[0])), int(raw[1])
 
     async def update_session(
         self,
         tenant: str,
         session: str,
-        mutate: Callable[[dict[str, str]], SessionUpdate],
+        mutate: Callable[[SessionRecord], SessionUpdate],
         *,
         now: float,
         attempts: int = 8,
-    ) -> tuple[dict[str, str], int]:
+    ) -> tuple[SessionRecord, int]:
         """Read-modify-write one existing session, retrying if another writer got in first.
 
         Returns the record as read (before the update) and the decision's sequence number.
+        A writer that lost the race waits a random, growing moment before it reads again:
+        without it, writers that collided once (16 spawns under one parent) read and lose
+        together again, and one of them ran out of attempts (a 503 for a spawn whose worker
+        was already created).
         """
-        for _ in range(attempts):
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0.0, min(0.05, 0.002 * 2**attempt)))
             record = await self.get_session(tenant, session)
             if record is None:
                 raise SessionNotFound(session)
             update = mutate(record)
             status, seq = await self.apply(
-                tenant, session, update, now=now, guard=("version", record.get("version", ""))
+                tenant, session, update, now=now, guard=(RecordField.VERSION, record.version)
             )
-            if status == 1:
+            if status is ApplyStatus.APPLIED:
                 return record, seq
-            if status == -1:
+            if status is ApplyStatus.MISSING:
                 raise SessionNotFound(session)
         raise StateUnavailable("session is being updated concurrently; retry", retry_after_s=1)
 
@@ -362,22 +270,22 @@ class StateStore:
         self, tenant: str, session: str, update: SessionUpdate, *, now: float
     ) -> int:
         status, seq = await self.apply(tenant, session, update, now=now, create=True)
-        if status == -2:
+        if status is ApplyStatus.EXISTS:
             raise SessionExists(session)
         return seq
 
     # --- reads ---------------------------------------------------------------------------------
 
-    async def get_session(self, tenant: str, session: str) -> dict[str, str] | None:
+    async def get_session(self, tenant: str, session: str) -> SessionRecord | None:
         key = self.keys.session(tenant, session)
         raw = await self._call("get_session", lambda: self.client.hgetall(key))
         if not raw:
             return None
-        return {_text(f): _text(v) for f, v in raw.items()}
+        return SessionRecord.from_hash({text(f): text(v) for f, v in raw.items()})
 
     async def list_sessions(
         self, tenant: str, *, limit: int, offset: int = 0
-    ) -> list[dict[str, str]]:
+    ) -> list[SessionRecord]:
         """Live sessions ordered by expected wake-up (soonest first)."""
         live = self.keys.live(tenant)
         ids: list[Any] = await self._call(
@@ -386,7 +294,7 @@ class StateStore:
         )
         if not ids:
             return []
-        names = [_text(i) for i in ids]
+        names = [text(i) for i in ids]
 
         async def fetch() -> list[Any]:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -395,11 +303,11 @@ class StateStore:
                 return list(await pipe.execute())
 
         records = await self._call("list_sessions", fetch)
-        out: list[dict[str, str]] = []
+        out: list[SessionRecord] = []
         expired: list[str] = []
         for name, raw in zip(names, records, strict=True):
             if raw:
-                out.append({_text(f): _text(v) for f, v in raw.items()})
+                out.append(SessionRecord.from_hash({text(f): text(v) for f, v in raw.items()}))
             else:
                 expired.append(name)
         if expired:
@@ -442,7 +350,7 @@ class StateStore:
         out: list[tuple[str, Decision]] = []
         for _stream, entries in raw or []:
             for entry_id, fields in entries:
-                out.append((_text(entry_id), decode_decision(fields[b"d"])))
+                out.append((text(entry_id), decode_decision(fields[b"d"])))
         return out
 
     async def last_decision_id(self) -> str:
@@ -450,127 +358,7 @@ class StateStore:
         raw: Any = await self._call(
             "tail_decisions", lambda: self.client.xrevrange(stream, count=1)
         )
-        return _text(raw[0][0]) if raw else "0-0"
-
-    async def gap_observations(self, tenant: str, count: int) -> list[GapObservation]:
-        """Observed gaps, oldest first (the order the predictor must learn them in)."""
-        key = self.keys.gap_observations(tenant)
-        raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
-        out: list[GapObservation] = []
-        for i, item in enumerate(reversed(raw)):
-            observation = parse_observation(item)
-            if observation is not None:
-                out.append(observation)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # thousands of entries: let proxied requests through
-        return out
-
-    async def gap_log_head(self, tenant: str) -> tuple[int, str]:
-        """``(length, newest entry)`` of the gap log: cheap change detection for refreshes."""
-        key = self.keys.gap_observations(tenant)
-
-        async def fetch() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.llen(key)
-                pipe.lindex(key, 0)
-                return list(await pipe.execute())
-
-        length, head = await self._call("gap_observations", fetch)
-        return int(length), _text(head) if head is not None else ""
-
-    async def float_samples(self, which: str, count: int) -> list[float]:
-        """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
-        key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
-        raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
-        out = []
-        for i, item in enumerate(raw):
-            try:
-                out.append(float(_text(item)))
-            except ValueError:
-                continue
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
-        return out
-
-    async def add_wait_samples(self, waits: Sequence[float]) -> int:
-        key, limit = self.keys.waits, self.limits.wait_samples_maxlen
-
-        async def push() -> list[Any]:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.lpush(key, *(repr(float(w)) for w in waits))
-                pipe.ltrim(key, 0, limit - 1)
-                pipe.llen(key)
-                return list(await pipe.execute())
-
-        result = await self._call("waits", push)
-        return int(result[-1])
-
-    # --- runtime configuration --------------------------------------------------------------
-
-    async def get_config(self) -> dict[str, Any] | None:
-        key = self.keys.config
-        raw = await self._call("config", lambda: self.client.get(key))
-        if raw is None:
-            return None
-        value = msgspec.json.decode(raw)
-        return value if isinstance(value, dict) else None
-
-    async def update_config(
-        self, mutate: Callable[[dict[str, Any] | None], Mapping[str, Any]]
-    ) -> dict[str, Any]:
-        """Optimistic read-modify-write of the config document (WATCH / MULTI)."""
-        key = self.keys.config
-
-        async def transact() -> dict[str, Any]:
-            async with self.client.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        await pipe.watch(key)
-                        raw = await pipe.get(key)
-                        current = msgspec.json.decode(raw) if raw is not None else None
-                        updated = dict(mutate(current if isinstance(current, dict) else None))
-                        pipe.multi()  # type: ignore[no-untyped-call]
-                        pipe.set(key, _json_encode(updated))
-                        await pipe.execute()
-                        return updated
-                    except aioredis.WatchError:
-                        continue
-
-        return await self._call("config", transact)
-
-    # --- engines (several behind a router) -----------------------------------------------
-
-    async def record_engine(self, engine: str, summary: Mapping[str, Any], moves: int) -> None:
-        """The newest residency summary of ``engine`` (a bounded label), and its moves."""
-        k = self.keys
-
-        async def write() -> None:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hset(k.engines, engine, _json_encode(summary))
-                if moves > 0:
-                    pipe.hincrby(k.engine_moves, engine, moves)
-                await pipe.execute()
-
-        await self._call("engines", write)
-
-    async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
-        """``(engine, newest summary, sessions moved to it)`` of every engine ever reported."""
-        k = self.keys
-
-        async def read() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(k.engines)
-                pipe.hgetall(k.engine_moves)
-                return list(await pipe.execute())
-
-        summaries, moves = await self._call("engines", read)
-        counts = {_text(name): int(value) for name, value in moves.items()}
-        out = []
-        for name, raw in sorted(summaries.items()):
-            summary = msgspec.json.decode(raw)
-            if isinstance(summary, dict):
-                out.append((_text(name), summary, counts.get(_text(name), 0)))
-        return out
+        return text(raw[0][0]) if raw else "0-0"
 
     async def ping(self) -> bool:
         return bool(await self._call("ping", self.client.ping))

@@ -29,23 +29,10 @@ from redis.retry import Retry
 
 from service.state.connection import HiredisPackedConnection
 
-__all__ = ["RedisClient", "RedisTopology", "connect", "parse_sentinels"]
+__all__ = ["RedisClient", "RedisTopology", "connect"]
 
 #: What the store talks to: one server (plain or Sentinel-managed) or a cluster.
 RedisClient = aioredis.Redis | RedisCluster
-
-
-def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
-    """``"h1:26379,h2:26379"`` -> ``(("h1", 26379), ("h2", 26379))``; a clear error otherwise."""
-    out: list[tuple[str, int]] = []
-    for item in (part.strip() for part in value.split(",")):
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"sentinel address {item!r} must be host:port")
-        out.append((host.strip("[]"), int(port)))
-    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 
 from clients import AsyncTenureSession, TenureLifecycleError, TenureSession
-from service.stack import free_port
+from service.processes import free_port
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"

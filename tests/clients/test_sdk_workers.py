@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from clients import AsyncTenureSession, TenureLifecycleError, TenureSession, TenureUsageError
-from service.stack import free_port
+from service.processes import free_port
 from tests.clients.test_sdk_against_sidecar import KEY_A, MESSAGES, Sidecar, Upstream
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from service.push.messages import (
+from service.wire.push import (
     Decision,
     Hello,
     Message,
@@ -25,6 +25,7 @@ from service.push.messages import (
     decode,
     encode,
 )
+from tests.conftest import poll
 
 
 class RouterPeer:
@@ -74,12 +75,7 @@ class RouterPeer:
         return decision
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.02)
-        return predicate()
+        return bool(poll(predicate, timeout))
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine_adapter.testing.engine import live_manager
-from engine_adapter.testing.tiny_model import word_prompt
+from service.tools.tiny_model import word_prompt
 from tests.engine.conftest import HOST_BLOCKS, generate, metric, settle
 from tests.engine.router_peer import RouterPeer, reports
 

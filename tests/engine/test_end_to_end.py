@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.testing.tiny_model import word_prompt
-from service.stack import (
-    TENURE_ARGV,
-    LocalStack,
-    ManagedProcess,
-    StackConfig,
-    free_port,
-    http_json,
-    http_ok,
-)
+from service.processes import ManagedProcess, free_port, http_json, http_ok
+from service.stack import TENURE_ARGV, LocalStack, StackConfig
+from service.tools.tiny_model import word_prompt
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from service.stack import TENURE_ARGV, http_ok
+from service.processes import http_ok
+from service.stack import TENURE_ARGV
 
 pytestmark = pytest.mark.engine
 

@@ -193,7 +193,7 @@ def test_stock_manager_with_tenure_policy_stays_consistent():
 
 
 def test_per_session_tables_stay_bounded(monkeypatch):
-    import engine_adapter.policy as module
+    import engine_adapter.pushed as module
 
     monkeypatch.setattr(module, "_PRUNE_ABOVE", 50)
     manager = tenure_manager(capacity=8)

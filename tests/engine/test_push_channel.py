@@ -54,7 +54,7 @@ def drain(policy) -> None:
 
 
 def test_hello_then_snapshot_then_decisions_in_order(policy, peer, client):
-    from service.push.messages import Hello
+    from service.wire.push import Hello
 
     assert peer.wait_for(lambda: bool(peer.messages(Hello)))
     hello = peer.messages(Hello)[0]
@@ -71,7 +71,7 @@ def test_hello_then_snapshot_then_decisions_in_order(policy, peer, client):
 
 
 def test_gap_asks_for_resync_and_keeps_applying(policy, peer, client):
-    from service.push.messages import ResyncRequest
+    from service.wire.push import ResyncRequest
 
     assert peer.wait_for(lambda: client.counters["snapshots"] >= 1)
     peer.decide("t/a", "idle", expected_gap_s=1.0)
@@ -97,7 +97,7 @@ def test_duplicates_are_dropped(policy, peer, client):
 
 
 def test_restarted_sidecar_is_noticed_and_resynced(policy, peer, client):
-    from service.push.messages import Hello
+    from service.wire.push import Hello
 
     assert peer.wait_for(lambda: client.counters["snapshots"] >= 1)
     peer.decide("t/a", "suspended", host_ttl_s=600.0)
@@ -159,14 +159,15 @@ def test_no_sidecar_nothing_queues(policy):
 
 def test_sidecar_starting_after_the_engine_gets_a_hello_at_once(policy):
     from engine_adapter.push_client import PushClient
-    from service.push.messages import Hello
-    from tests.conftest import free_port
+    from service.wire.push import Hello
+    from tests.conftest import free_port, wait_for
 
     port = free_port()
     push = PushClient(f"tcp://127.0.0.1:{port}", policy, hello_interval_s=60.0)
     push.start()
     try:
-        time.sleep(0.3)  # the adapter's first Hello found nobody
+        # The adapter's first Hello found nobody (dropped: no sidecar to queue it for).
+        assert wait_for(lambda: push.counters["send_dropped"] >= 1, timeout_s=10)
         late = RouterPeer(port=port)
         try:
             # Retried until sent, not after the 60 s interval.

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from engine_adapter.testing.tiny_model import word_prompt
 from service.cli import main
 from service.policy.retention import PriceVector, host_ttl_seconds
-from service.stack import LocalStack, StackConfig, http_json
+from service.processes import http_json
+from service.stack import LocalStack, StackConfig
+from service.tools.tiny_model import word_prompt
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]

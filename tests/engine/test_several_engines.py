@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.push.messages import Decision
+from service.wire.push import Decision
 from tests.engine.test_policy_mapping import key, serve, tenure_manager
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

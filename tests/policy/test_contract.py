@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.policy import HostTier, Run, SessionHint, TierPolicy, create_policy, policy_names
-from service.policy.registry import UnknownPolicyError, policy_class
+from service.policy.registry import UnknownPolicyError, admission_policy_names, policy_class
 
 CAPACITY = 40
 
@@ -93,14 +93,8 @@ def test_refusal_changes_nothing(name: str) -> None:
         assert refusals > 0  # the check above ran on real refusals
 
 
-_ADMISSION_POLICIES = {
-    "notier",
-    "tenure",
-    "tenure-tags-off",
-    "tenure-exact-gap",
-    "gate-only-literal",
-    "oracle",
-}
+#: From the registry: every policy that declares itself an admission gate.
+_ADMISSION_POLICIES = set(admission_policy_names())
 
 
 @pytest.mark.parametrize("name", policy_names())

@@ -12,10 +12,10 @@ from service.policy.retention import (
     DEFAULT_PRICE,
     LambdaEstimator,
     PriceVector,
-    choose_regime,
     host_ttl_seconds,
     lambda_crit,
 )
+from service.policy.retention_costs import choose_regime
 
 
 def test_gap_predictor_learns_bimodal_gaps_by_stop_reason() -> None:

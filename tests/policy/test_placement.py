@@ -17,8 +17,8 @@ from service.policy.placement import (
     placement_names,
 )
 from service.policy.placement_guard import PlacementGuard
-from service.policy.segment_wire import SegmentWireError, parse_segment_tags
 from service.policy.segments import SegmentClass, SessionRole
+from service.wire.segments import SegmentWireError, parse_segment_tags
 
 ALL = placement_names()
 

@@ -10,16 +10,13 @@ import pytest
 
 from service.policy.host_loss import HostSlots, episode_cost, erlang_b, steady_state_cost
 from service.policy.platforms import PLATFORMS
-from service.policy.retention import choose_regime
 from service.policy.retention_control import (
-    Branch,
     OneShotController,
     OnlineController,
     OnlineSettings,
-    RetentionModel,
-    branch_costs,
     rechoose_branch,
 )
+from service.policy.retention_costs import Branch, RetentionModel, branch_costs, choose_regime
 from service.policy.waits import SuspensionCohort, WaitWindow
 from service.replay.ttl_families import synthetic_family
 

@@ -15,7 +15,7 @@ from service.policy.retention import (
     host_ttl_seconds,
     lambda_crit,
 )
-from service.policy.retention_control import RetentionModel, branch_costs
+from service.policy.retention_costs import RetentionModel, branch_costs
 
 C2, W_REF = 425.0, 1800.0
 

@@ -12,7 +12,7 @@ import pytest
 from service.cli import main
 from service.policy.host_loss import episode_cost
 from service.policy.platforms import PLATFORMS
-from service.policy.retention_control import RetentionModel
+from service.policy.retention_costs import RetentionModel
 from service.replay.paths import claude_code_trace
 from service.replay.ttl_drift import DriftPhase, DriftSpec, run_drift
 from service.replay.ttl_families import human_turn_gaps, synthetic_family

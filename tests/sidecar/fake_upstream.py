@@ -77,6 +77,15 @@ class FakeUpstream:
             await _json(send, 200, {"object": "list", "data": [{"id": "echo"}]})
             return
         model = body.get("model", "echo") if isinstance(body, dict) else "echo"
+        if scope["path"] in ("/v1/messages", "/v1/responses") and not isinstance(model, str):
+            # vLLM's request models refuse a non-string model with a 400 (a generated body
+            # reaches here: the proxy relays what it cannot check to the engine).
+            await _json(
+                send,
+                400,
+                {"error": {"message": "model must be a string", "type": "BadRequestError"}},
+            )
+            return
         if scope["path"] in ("/v1/messages", "/v1/responses") and model not in _SPECIAL_MODELS:
             streamed = isinstance(body, dict) and bool(body.get("stream"))
             if scope["path"] == "/v1/messages":

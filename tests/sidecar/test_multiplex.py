@@ -90,7 +90,13 @@ async def test_a_slow_reply_times_out_drops_the_connection_and_the_next_call_rec
         echo = client.register_script(ECHO)
         with pytest.raises(RedisTimeoutError):
             await fast.call(slow, [], [])
-        await asyncio.sleep(0.35)  # the server finishes the slow script
+        # Wait until the server has finished the slow script: Redis runs one script at a
+        # time, so another connection's PING is answered only after it.
+        waiter = redis.Redis.from_url(redis_url, socket_timeout=5)
+        try:
+            assert await asyncio.to_thread(waiter.ping)
+        finally:
+            waiter.close()
         assert await fast.call(echo, ["b"], ["ok"]) == [b"b", b"ok"]
     finally:
         await fast.aclose()

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import zmq
 
-from service.push.messages import Decision, Hello, ResidencyReport, Snapshot, decode, encode
 from service.settings import SettingsError, load_settings
+from service.wire.push import Decision, Hello, ResidencyReport, Snapshot, decode, encode
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
 

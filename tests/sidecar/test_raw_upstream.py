@@ -29,6 +29,8 @@ class _Server:
         self.connections = 0
         self.requests: list[bytes] = []
         self.closed = asyncio.Event()
+        #: Set when the server has closed a connection from its side.
+        self.server_closed = asyncio.Event()
 
 
 @asynccontextmanager
@@ -43,6 +45,7 @@ async def _serve(handler: _Handler) -> AsyncIterator[tuple[_Server, str]]:
             pass  # the test is over and the server shuts down
         finally:
             writer.close()
+            state.server_closed.set()
 
     server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -105,7 +108,8 @@ async def test_a_pooled_connection_closed_by_the_server_is_resent_on_a_new_one()
     async with _serve(handler) as (state, url):
         client = _client(url)
         assert await _get(client) == (200, b"ok")
-        await asyncio.sleep(0.05)  # the server's close reaches the pooled connection
+        # The server has closed the pooled connection: the next request finds it dead.
+        await asyncio.wait_for(state.server_closed.wait(), 10)
         assert await _get(client) == (200, b"ok")
         await client.aclose()
     assert state.connections == 2

@@ -17,10 +17,11 @@ import httpx
 import pytest
 import redis
 
-from service.stack_redis import ClusterGroup, SentinelGroup, redis_command
+from service.processes.redis_groups import ClusterGroup, SentinelGroup, redis_command
 from service.state.breaker import Breaker
 from service.state.keys import Keys
-from service.state.store import StateStore, StoreLimits
+from service.state.records import StoreLimits
+from service.state.store import StateStore
 from service.state.topology import RedisTopology, connect
 from tests.conftest import wait_for
 

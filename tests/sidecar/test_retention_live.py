@@ -14,12 +14,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.api.retention import RetentionControl, RetentionKnobs
+from service.api.retention import RetentionControl
+from service.api.retention_types import RetentionKnobs
 from service.metrics import Metrics
 from service.policy.retention import PriceVector, alpha2, host_ttl_seconds
-from service.push.messages import ResidencyReport, ResumeOutcome
 from service.settings import TenantSpec
 from service.state.config import RuntimeConfig
+from service.wire.push import ResidencyReport, ResumeOutcome
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 
@@ -258,7 +259,7 @@ def test_reported_resume_outcomes_are_counted_per_branch_and_priced():
 
 
 def test_a_branch_change_is_pushed_and_reported_resumes_are_counted(sidecar_factory):
-    from service.push.messages import Hello, Snapshot
+    from service.wire.push import Hello, Snapshot
     from tests.sidecar.fake_upstream import free_port
     from tests.sidecar.test_push import Peer
 

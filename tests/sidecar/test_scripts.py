@@ -9,16 +9,12 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from service.push.messages import Decision
 from service.state.breaker import Breaker
 from service.state.keys import Keys
-from service.state.store import (
-    SessionUpdate,
-    StateStore,
-    StoreLimits,
-    decision_parts,
-    decode_decision,
-)
+from service.state.records import SessionUpdate, StoreLimits
+from service.state.store import StateStore
+from service.wire.decision_codec import decision_parts, decode_decision
+from service.wire.push import Decision
 
 
 @pytest.fixture
@@ -60,8 +56,8 @@ async def test_segments_are_listed_once_each_in_first_seen_order(store: StateSto
     record = await store.get_session("a", "s")
     assert record is not None
     # "m" is a prefix of "main" and "tools" of "tools.x": each is still its own segment.
-    assert json.loads(record["segments"]) == ["main", "tools", "m", "tools.x"]
-    assert record["turn"] == "6" and record["version"] == "6"
+    assert json.loads(record.fields["segments"]) == ["main", "tools", "m", "tools.x"]
+    assert record.fields["turn"] == "6" and record.fields["version"] == "6"
 
 
 async def test_segment_list_stops_growing_at_256(store: StateStore) -> None:
@@ -69,7 +65,7 @@ async def test_segment_list_stops_growing_at_256(store: StateStore) -> None:
         await _start(store, "wide", f"seg{i}", float(i + 1))
     record = await store.get_session("a", "wide")
     assert record is not None
-    assert json.loads(record["segments"]) == [f"seg{i}" for i in range(256)]
+    assert json.loads(record.fields["segments"]) == [f"seg{i}" for i in range(256)]
 
 
 async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_seq(
@@ -86,8 +82,8 @@ async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_se
     assert status == 1 and seq >= 1
     record = await store.get_session("a", "s")
     assert record is not None
-    assert record["state"] == "idle" and record["reason"] == 'r|x "q"'
-    assert record["version"] == "2" and "host_ttl_s" not in record
+    assert record.fields["state"] == "idle" and record.fields["reason"] == 'r|x "q"'
+    assert record.fields["version"] == "2" and "host_ttl_s" not in record.fields
     newest, table = await store.decision_table()
     assert newest == seq
     assert update.decision is not None
@@ -99,7 +95,7 @@ async def test_apply_writes_fields_deletes_fields_and_publishes_with_the_next_se
     assert await store.apply("a", "s", stale, now=2.0, guard=("turn", "0")) == (0, 0)
     assert await store.apply("a", "gone", stale, now=2.0, guard=("turn", "1")) == (-1, 0)
     record = await store.get_session("a", "s")
-    assert record is not None and record["state"] == "idle"
+    assert record is not None and record.fields["state"] == "idle"
 
 
 async def test_a_turn_clears_what_the_pause_before_it_left(store: StateStore) -> None:
@@ -112,8 +108,8 @@ async def test_a_turn_clears_what_the_pause_before_it_left(store: StateStore) ->
     await _start(store, "s", None, 5.0)
     record = await store.get_session("a", "s")
     assert record is not None
-    assert record["state"] == "active" and record["turn"] == "2"
-    assert "suspended_at" not in record and "host_ttl_s" not in record
+    assert record.fields["state"] == "active" and record.fields["turn"] == "2"
+    assert "suspended_at" not in record.fields and "host_ttl_s" not in record.fields
 
 
 async def test_decision_table_entries_of_expired_sessions_are_swept(store: StateStore) -> None:

@@ -3,8 +3,8 @@ inside the failover window, and the growth slope (no stack needed)."""
 
 from __future__ import annotations
 
-from service.soak.ledger import Ledger, TurnRecord
-from service.soak.report import _slope_per_hour, summarize
+from benchmarks.soak.ledger import Ledger, TurnRecord
+from benchmarks.soak.report import _slope_per_hour, summarize
 
 
 def test_lost_writes_are_split_by_the_failover_window():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from service.replay.loaders._io import TraceError
+from service.errors import TraceError
 from service.replay.loaders.canonical import FORMAT_NAME, load_canonical, write_canonical
 from service.replay.loaders.claude_code import load_claude_code
 from service.replay.loaders.mooncake import load_mooncake

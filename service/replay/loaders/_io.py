@@ -9,13 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import TraceError
 
-__all__ = ["TraceError", "json_lines", "require"]
-
-
-class TraceError(UsageError):
-    """A malformed or truncated trace file (one line, names the file and line)."""
+__all__ = ["json_lines", "require"]
 
 
 def _open_text(path: Path) -> Any:

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.replay.loaders._io import TraceError, json_lines, require
+from service.errors import TraceError
+from service.replay.loaders._io import json_lines, require
 from service.replay.model import BlockIdRun, SegmentBuilder, SegmentTable, Session, Trace, Turn
 
 __all__ = ["FORMAT_NAME", "load_canonical", "write_canonical"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.replay.loaders._io import TraceError, json_lines, require
+from service.errors import TraceError
+from service.replay.loaders._io import json_lines, require
 from service.replay.model import BlockIdRun, SegmentBuilder, SegmentTable, Session, Trace, Turn
 
 __all__ = ["load_claude_code"]

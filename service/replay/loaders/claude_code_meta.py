@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.errors import TraceError
 from service.policy.ranker import SpawnRecord
 from service.policy.ranker_fit import LabeledSpawn
-from service.replay.loaders._io import TraceError, json_lines, require
+from service.replay.loaders._io import json_lines, require
 
 __all__ = ["CallMeta", "TraceMeta", "load_claude_code_meta"]
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from service.replay.loaders._io import TraceError, json_lines, require
+from service.errors import TraceError
+from service.replay.loaders._io import json_lines, require
 from service.replay.model import SegmentBuilder, SegmentTable, Session, Trace, Turn, rle
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "load_mooncake"]

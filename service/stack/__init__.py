@@ -11,149 +11,27 @@ metrics) runs on a laptop with no GPU and no download.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "TENURE_ARGV",
-    "LocalStack",
-    "ManagedProcess",
-    "StackConfig",
-    "StackError",
-    "free_port",
-    "http_json",
-    "http_ok",
-    "scrape",
-]
+from service.processes import (
+    ManagedProcess,
+    StackError,
+    free_port,
+    http_json,
+    http_ok,
+    scrape,
+    start_redis,
+)
+from service.stack.launch import TENURE_ARGV, engine_process, start_sidecar
+
+__all__ = ["TENURE_ARGV", "LocalStack", "StackConfig", "running_stack"]
 
 Progress = Callable[[str], None]
-
-#: ``tenure ...`` with this interpreter. Not ``python -m service.cli``: that loads the module a
-#: second time as ``__main__``, and its ``UsageError`` would no longer be the one caught.
-TENURE_ARGV = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())"]
-
-
-class StackError(RuntimeError):
-    """A stack component failed to start or answer; the message names it and its log."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_json(
-    method: str,
-    url: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 60.0,
-) -> Any:
-    """One JSON request (standard library only: the launcher must not need the web stack)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    for key, value in (headers or {}).items():
-        request.add_header(key, value)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        raw = response.read()
-    return json.loads(raw) if raw else None
-
-
-def scrape(url: str, timeout: float = 10.0) -> dict[str, float]:
-    """Prometheus text exposition -> ``{'name{label="v"}': value}`` (samples summed by key)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            key = f"{sample.name}{{{labels}}}" if labels else sample.name
-            out[key] = out.get(key, 0.0) + sample.value
-    return out
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as response:
-            return bool(200 <= response.status < 300)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-@dataclass
-class ManagedProcess:
-    """One child process with its log file; ``stop`` is idempotent."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ManagedProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        try:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
-                start_new_session=True,  # its own process group: stop() reaches its children
-            )
-        finally:
-            log.close()
-        return self
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.running:
-                raise StackError(f"{self.name} exited during start-up; see {self.log_path}")
-            if ready():
-                return
-            time.sleep(0.25)
-        raise StackError(f"{self.name} not ready after {timeout:.0f}s; see {self.log_path}")
-
-    def stop(self, timeout: float = 15.0, *, kill: bool = False) -> None:
-        """TERM (or KILL at once with ``kill``) the process group, then KILL what remains."""
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout)
-        # Children left in the group (vLLM's EngineCore) go with it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        self.process = None
 
 
 @dataclass
@@ -162,6 +40,9 @@ class StackConfig:
 
     workdir: Path
     model_cache: Path
+    #: Serve this checkpoint instead of generating the tiny random-weight one in
+    #: ``model_cache`` (``python -m service.tools.tiny_model`` writes that one by hand).
+    model: Path | None = None
     policy: str = "tenure"
     proxy_port: int = 0
     engine_port: int = 0
@@ -174,9 +55,9 @@ class StackConfig:
     #: (gpu_blocks - 1) * 128: the longest context the small pool can hold.
     max_model_len: int = 640
     engine_timeout_s: float = 240.0
-    #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     #: Use this Redis instead of starting one (e.g. a test's server).
     external_redis_url: str | None = None
+    #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     report_interval_s: float = 0.5
     hello_interval_s: float = 1.0
     snapshot_interval_s: float = 2.0
@@ -220,38 +101,23 @@ class LocalStack:
     # --- components -----------------------------------------------------------------------
 
     def start_redis(self) -> None:
-        executable = shutil.which("redis-server")
-        if executable is None:
-            raise StackError(
-                "redis-server not found on PATH (Debian: apt-get install redis-server)"
-            )
-        data = self.config.workdir / "redis"
-        data.mkdir(parents=True, exist_ok=True)
         self.progress(f"starting redis-server on 127.0.0.1:{self.config.redis_port}")
-        argv = [executable, "--port", str(self.config.redis_port), "--bind", "127.0.0.1"]
-        argv += ["--dir", str(data), "--save", "", "--appendonly", "no"]
-        self.redis = ManagedProcess("redis-server", argv, self.logs / "redis.log").start()
-        port = self.config.redis_port
-
-        def ping() -> bool:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                    sock.sendall(b"PING\r\n")
-                    return sock.recv(16).startswith(b"+PONG")
-            except OSError:
-                return False
-
-        self.redis.wait_until(ping, 20)
+        self.redis = start_redis(
+            self.config.redis_port, self.config.workdir / "redis", self.logs / "redis.log"
+        )
 
     def ensure_model(self) -> Path:
-        from engine_adapter.testing.tiny_model import ensure_tiny_model
+        if self.config.model is not None:
+            self.model_path = self.config.model
+            return self.model_path
+        from service.tools.tiny_model import ensure_tiny_model
 
         self.progress(f"preparing the tiny random-weight model in {self.config.model_cache}")
         self.model_path = ensure_tiny_model(self.config.model_cache)
         return self.model_path
 
     def engine_transfer_config(self) -> dict[str, Any]:
-        from engine_adapter.testing.engine import kv_transfer_config
+        from engine_adapter.cpu_engine import kv_transfer_config
 
         return kv_transfer_config(
             policy=self.config.policy,
@@ -263,43 +129,52 @@ class LocalStack:
             },
         )
 
-    def start_engine(self) -> None:
-        from engine_adapter.testing.engine import CPU_ENGINE_ENV, server_args
+    def engine_argv(self) -> list[str]:
+        """The vLLM server's arguments (after ``python -m ...api_server``)."""
+        from engine_adapter.cpu_engine import server_args
 
-        model = self.model_path or self.ensure_model()
-        args = server_args(
-            str(model),
+        assert self.model_path is not None
+        return server_args(
+            str(self.model_path),
             self.config.engine_port,
             gpu_blocks=self.config.gpu_blocks,
             transfer=self.engine_transfer_config(),
             max_model_len=self.config.max_model_len,
         )
-        self.progress(
+
+    def engine_banner(self) -> str:
+        return (
             f"starting vLLM (CPU) with the Tenure adapter on {self.engine_url} "
             f"(policy {self.config.policy}; ~30 s)"
         )
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
-        # EngineCore in its own process, as in production (a test process may have set the
-        # in-process mode for its own engines).
-        env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-        self.engine = ManagedProcess("vllm", argv, self.logs / "vllm.log", env=env)
+
+    def start_engine(self) -> None:
+        if self.model_path is None:
+            self.ensure_model()
+        self.progress(self.engine_banner())
+        self.engine = engine_process("vllm", self.engine_argv(), self.logs / "vllm.log")
         self.engine.start().wait_until(
             lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
         )
 
-    def start_sidecar(self) -> None:
-        self.progress(f"starting the Tenure sidecar on {self.proxy_url} (push {self.push_addr})")
-        env = {
+    def sidecar_env(self) -> dict[str, str]:
+        return {
             "TENURE_REDIS_URL": self.redis_url,
             "TENURE_UPSTREAM_URL": self.engine_url,
             "TENURE_PUSH_ADDR": self.push_addr,
             "TENURE_PUSH_SNAPSHOT_INTERVAL_S": str(self.config.snapshot_interval_s),
-            "TENURE_DEV_MODE": "true",
         }
-        argv = [*TENURE_ARGV, "serve", "--dev"]
-        argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
-        self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
-        self.sidecar.start().wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)
+
+    def start_sidecar(self) -> None:
+        self.progress(f"starting the Tenure sidecar on {self.proxy_url} (push {self.push_addr})")
+        self.sidecar = start_sidecar(
+            "tenure serve", self.config.proxy_port, self.sidecar_env(), self.logs / "sidecar.log"
+        )
+
+    @property
+    def uses_adapter(self) -> bool:
+        """Whether the engine runs the Tenure adapter (which reports on the push channel)."""
+        return True
 
     def start(self) -> LocalStack:
         self.config.workdir.mkdir(parents=True, exist_ok=True)
@@ -310,7 +185,8 @@ class LocalStack:
             # The sidecar binds the push channel first, so the adapter connects at once.
             self.start_sidecar()
             self.start_engine()
-            self.wait_for_adapter()
+            if self.uses_adapter:
+                self.wait_for_adapter()
         except BaseException:
             self.stop()
             raise

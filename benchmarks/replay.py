@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.cli import UsageError
+from service.errors import UsageError
 
 __all__ = ["configure", "measure"]
 
@@ -31,7 +31,8 @@ def _child(
     hardware: str,
     seed: int,
 ) -> None:
-    from service.replay.engine import ReplayConfig, simulate
+    from service.replay.config import ReplayConfig
+    from service.replay.engine import simulate
     from service.replay.hardware import get_profile
     from service.replay.loaders import load_trace
 
@@ -88,9 +89,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from service.errors import TraceError
     from service.policy import UnknownPolicyError, policy_class
     from service.replay.hardware import get_profile
-    from service.replay.loaders._io import TraceError
     from service.replay.paths import claude_code_trace
 
     trace = args.trace or claude_code_trace()

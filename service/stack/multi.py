@@ -22,15 +22,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.stack import (
-    TENURE_ARGV,
+from service.processes import (
     ManagedProcess,
     StackError,
     free_port,
     http_json,
     http_ok,
+    start_redis,
 )
-from service.stack_redis import SentinelGroup
+from service.processes.redis_groups import SentinelGroup
+from service.stack.launch import engine_process, start_sidecar
 
 __all__ = ["MultiStack", "MultiStackConfig"]
 
@@ -107,21 +108,8 @@ class MultiStack:
             self.progress("starting Redis: master + replica + 3 Sentinels")
             self.sentinel = SentinelGroup(self.config.workdir / "redis").start()
             return
-        executable = shutil.which("redis-server")
-        if executable is None:
-            raise StackError(
-                "redis-server not found on PATH (Debian: apt-get install redis-server)"
-            )
         data = self.config.workdir / "redis"
-        data.mkdir(parents=True, exist_ok=True)
-        argv = [executable, "--port", str(self.redis_port), "--bind", "127.0.0.1"]
-        argv += ["--dir", str(data), "--save", "", "--appendonly", "no"]
-        self.redis = ManagedProcess("redis-server", argv, self.logs / "redis.log").start()
-        from service.stack_redis import redis_command
-
-        self.redis.wait_until(
-            lambda: redis_command(self.redis_port, "PING").startswith("+PONG"), 20
-        )
+        self.redis = start_redis(self.redis_port, data, self.logs / "redis.log")
 
     def _redis_env(self) -> dict[str, str]:
         if self.sentinel is not None:
@@ -143,18 +131,15 @@ class MultiStack:
                 self.engine_id(e) for e in range(self.config.engines)
             ),
             "TENURE_REDIS_RETRY_AFTER_S": str(self.config.redis_retry_after_s),
-            "TENURE_DEV_MODE": "true",
             **self.config.sidecar_env,
         }
-        argv = [*TENURE_ARGV, "serve", "--dev", "--port", str(self.sidecar_ports[i])]
-        argv += ["--log-level", "warning"]
         self.progress(f"starting sidecar-{i} on {self.sidecar_url(i)}")
-        process = ManagedProcess(f"sidecar-{i}", argv, self.logs / f"sidecar-{i}.log", env=env)
-        self.sidecars[i] = process
-        process.start().wait_until(lambda: http_ok(f"{self.sidecar_url(i)}/healthz"), 60)
+        self.sidecars[i] = start_sidecar(
+            f"sidecar-{i}", self.sidecar_ports[i], env, self.logs / f"sidecar-{i}.log"
+        )
 
     def ensure_model(self) -> Path:
-        from engine_adapter.testing.tiny_model import ensure_tiny_model
+        from service.tools.tiny_model import ensure_tiny_model
 
         self.model_path = ensure_tiny_model(self.config.model_cache)
         return self.model_path
@@ -165,17 +150,13 @@ class MultiStack:
             argv = [
                 sys.executable,
                 "-m",
-                "service.api.bench_load",
+                "benchmarks.proxy_load",
                 "--port",
                 str(self.engine_ports[i]),
             ]
             process = ManagedProcess(f"engine-{i}", argv, log)
         else:
-            from engine_adapter.testing.engine import (
-                CPU_ENGINE_ENV,
-                kv_transfer_config,
-                server_args,
-            )
+            from engine_adapter.cpu_engine import kv_transfer_config, server_args
 
             model = self.model_path or self.ensure_model()
             transfer = kv_transfer_config(
@@ -195,9 +176,7 @@ class MultiStack:
                 transfer=transfer,
                 max_model_len=self.config.max_model_len,
             )
-            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
-            env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-            process = ManagedProcess(f"engine-{i}", argv, log, env=env)
+            process = engine_process(f"engine-{i}", args, log)
         self.progress(f"starting engine-{i} on {self.engine_url(i)}")
         self.engines[i] = process.start()
         if wait:

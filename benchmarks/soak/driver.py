@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from service.soak.ledger import Ledger, TurnRecord
+from benchmarks.soak.ledger import Ledger, TurnRecord
 
 __all__ = ["SessionPlan", "drive", "plans_from_trace"]
 

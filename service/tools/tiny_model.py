@@ -1,5 +1,10 @@
 """A tiny random-weight Llama checkpoint for tests and the local stack (no download).
 
+A tool of its own: ``python -m service.tools.tiny_model [CACHE_DIR]`` writes the checkpoint
+(default ``~/.cache/tenure/models``) and prints its path, for serving it with ``vllm serve``
+by hand; ``tenure up`` and the engine tests call :func:`ensure_tiny_model`. Needs the ``dev``
+extra (``transformers``, ``safetensors``) and ``torch`` from the engine install.
+
 Random but non-zero weights matter: with vLLM's ``--load-format dummy`` the output ignores the KV
 contents, so a corrupted KV load would go unnoticed; with these weights a wrong load changes the
 greedy tokens and a correct one reproduces them. The checkpoint is deterministic (fixed seed), so
@@ -129,3 +134,25 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str]) -> Path:
         if not marker.is_file():  # lost a race to another writer: theirs is complete
             raise
     return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m service.tools.tiny_model",
+        description="write the tiny random-weight Llama checkpoint and print its path",
+    )
+    parser.add_argument(
+        "cache_dir",
+        nargs="?",
+        default=str(Path.home() / ".cache" / "tenure" / "models"),
+        help="where the checkpoint goes (a subdirectory per layout version)",
+    )
+    args = parser.parse_args(argv)
+    print(ensure_tiny_model(args.cache_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

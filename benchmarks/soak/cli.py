@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.stack import http_json
+from service.processes import http_json
 
 __all__ = ["configure"]
 
@@ -76,7 +76,7 @@ def _rss_mib(pid: int | None) -> float | None:
 
 
 def _redis_used_mib(port: int | None) -> float | None:
-    from service.stack_redis import redis_command
+    from service.processes.redis_groups import redis_command
 
     if port is None:
         return None
@@ -119,8 +119,8 @@ class _Adapters:
 
 
 def run(args: argparse.Namespace) -> int:
+    from benchmarks.soak.driver import plans_from_trace
     from service.cli import UsageError
-    from service.soak.driver import plans_from_trace
 
     if args.minutes <= 0 or args.sessions_per_s <= 0:
         raise UsageError("--minutes and --sessions-per-s must be positive")
@@ -144,17 +144,17 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(result["series"]) + "\n"
         )
     if args.plot:
-        from service.soak.report import plot
+        from benchmarks.soak.report import plot
 
         plot(result, args.plot)
     return 0
 
 
 def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str, Any]:
-    from service.soak.driver import drive
-    from service.soak.ledger import Ledger
-    from service.soak.report import summarize
-    from service.stack_multi import MultiStack, MultiStackConfig
+    from benchmarks.soak.driver import drive
+    from benchmarks.soak.ledger import Ledger
+    from benchmarks.soak.report import summarize
+    from service.stack.multi import MultiStack, MultiStackConfig
 
     fake = args.engine == "fake"
     config = MultiStackConfig(

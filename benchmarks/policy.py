@@ -318,7 +318,7 @@ def plot_scaling(result: dict[str, Any], path: Path) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from service.cli import UsageError
+    from service.errors import UsageError
     from service.policy import UnknownPolicyError, policy_class
 
     try:

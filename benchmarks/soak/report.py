@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.soak.ledger import Ledger
+from benchmarks.soak.ledger import Ledger
 
 __all__ = ["plot", "summarize"]
 

@@ -1,0 +1,194 @@
+"""Pushed decisions and timers: what the sidecar decided and the core's due work, applied.
+
+The push-channel thread only appends to ``inbox``; :meth:`PushedDecisions.poll` applies it on
+the engine thread once per step. Decision times are Unix seconds on the wire: converted here
+with the wall clock the policy was given (never read inside the core). Blocks the core drops
+outside a store (reclaim, TTL) are handed to a live sharer or doomed, and released to the
+manager's pool when it can free chunks itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+from vllm.v1.kv_offload.base import OffloadKey
+from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+from engine_adapter.key_map import KeyMap
+from service.policy import EvictionClass, Run, SessionHint, Victim
+from service.wire.push import Decision, Snapshot
+
+__all__ = ["PushedDecisions"]
+
+log = logging.getLogger("vllm.tenure")
+
+#: Per-session tables above this size drop sessions with nothing resident (checked every
+#: 1024 polls, i.e. engine steps).
+_PRUNE_ABOVE = 20_000
+
+
+class PushedDecisions(KeyMap):
+    """Reclaim, TTL expiry and the sidecar's decisions, applied on the engine thread."""
+
+    def _drop_victims(self, victims: Sequence[Victim], now: float) -> None:
+        """Blocks the core dropped outside a store (reclaim, TTL): hand them over or doom them."""
+        for victim in victims:
+            for key in self._keys_of(victim.run):
+                owner = self.tier.owner(self._loc[key][0])
+                self._unplace(key)
+                if key not in self.chunks:
+                    # Staged by an offer vLLM never placed (stock manager): nothing to free.
+                    self._staged.discard(key)
+                    continue
+                if victim.cls in (EvictionClass.RECLAIM, EvictionClass.TTL) and self._inherit(
+                    key, owner, now
+                ):
+                    continue
+                self._sharers.pop(key, None)
+                self._doomed[key] = victim.cls
+        if victims and self.can_release:
+            self._release_doomed()
+
+    def _inherit(self, key: OffloadKey, owner: str, now: float) -> bool:
+        sharers = self._sharers.get(key)
+        if not sharers:
+            return False
+        for session, loc in list(sharers.items()):
+            del sharers[session]
+            if session == owner or session in self._ended:
+                continue
+            if self._occupant(*loc) is not None:
+                continue
+            self._place(key, loc)
+            if self.tier.store([Run(loc[0], loc[1], loc[1] + 1)], session, now).admitted:
+                self.stats["inherited_blocks"] += 1
+                return True
+            self._unplace(key)
+        return False
+
+    def _release_doomed(self) -> None:
+        for key in [k for k in self._doomed if k not in self._pinned]:
+            cls = self._doomed.pop(key)
+            chunk = self.chunks.pop(key, None)
+            if chunk is None:
+                continue
+            self._sharers.pop(key, None)
+            self._released.append((key, chunk))
+            self.stats[f"evicted_blocks_{cls.value}"] += 1
+
+    def take_released(self) -> list[tuple[OffloadKey, ChunkStatus]]:
+        """Chunks this policy dropped outside ``evict``; the manager returns them to its pool."""
+        if self.can_release and self._doomed:
+            self._release_doomed()
+        out, self._released = self._released, []
+        return out
+
+    def _refresh_timer(self) -> None:
+        timer = self.core.next_timer()
+        self._next_due = math.inf if timer is None else timer
+
+    def pending_timer(self) -> float:
+        """When the core next has due work (monotonic seconds; ``inf`` = none)."""
+        return self._next_due
+
+    def has_work(self, now: float) -> bool:
+        return bool(self.inbox) or now >= self._next_due or bool(self._released)
+
+    def poll(self, now: float | None = None) -> None:
+        """Apply pushed decisions and fire due timers (engine thread, once per step)."""
+        now = self._clock() if now is None else now
+        while self.inbox:
+            message = self.inbox.popleft()
+            if isinstance(message, Snapshot):
+                self.stats["snapshots_applied"] += 1
+                self._note_retention(message)
+                if message.seq < self.last_applied_seq:
+                    # The sidecar's sequence restarted (its state was lost): its snapshot is
+                    # the new baseline, whatever numbers we applied before.
+                    self._applied_seq.clear()
+                for decision in message.decisions:
+                    self._apply(decision, now)
+                self.last_applied_seq = message.seq
+            else:
+                self._apply(message, now)
+                self.last_applied_seq = max(self.last_applied_seq, message.seq)
+        self._polls += 1
+        if self._polls % 1024 == 0:
+            self._prune()
+        if now >= self._next_due:
+            before = self.core.counters["ttl_expiries"]
+            self._drop_victims(self.tier.expire(now), now)
+            self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
+            self._refresh_timer()
+
+    def _note_retention(self, snapshot: Snapshot) -> None:
+        """Log a tenant's host-retention branch when the sidecar's controller changes it (each
+        suspension's own timer arrives in its decision; this is for the engine's operators)."""
+        branches = {t: r.branch for t, r in snapshot.config.retention.items()}
+        for tenant, branch in branches.items():
+            before = self.retention_branches.get(tenant)
+            if before is not None and before != branch:
+                self.stats["retention_branch_changes"] += 1
+                log.info("tenure: host-retention branch of %s: %s -> %s", tenant, before, branch)
+        if len(branches) <= 1024:
+            self.retention_branches = branches
+
+    def _prune(self) -> None:
+        """Forget per-session bookkeeping of sessions with nothing resident (bounded memory)."""
+        resident = self.tier.session_resident
+        for table in (self._applied_seq, self._last_hint):
+            if len(table) > _PRUNE_ABOVE:
+                for session in [s for s in table if s not in resident]:
+                    del table[session]
+        if len(self._held) > _PRUNE_ABOVE:
+            self._held = {s for s in self._held if s in resident or s in self._last_hint}
+        if len(self._ended) > _PRUNE_ABOVE:
+            self._ended = {s for s in self._ended if s in resident}
+        if len(self._sharers) > _PRUNE_ABOVE:
+            self._sharers = {k: v for k, v in self._sharers.items() if k in self._loc}
+
+    def _apply(self, decision: Decision, now: float) -> None:
+        session = decision.session_id
+        if decision.seq <= self._applied_seq.get(session, -1):
+            return  # duplicate or older than what we applied (newest per session wins)
+        self._applied_seq[session] = decision.seq
+        if session not in self._held and session not in self.tier.session_resident:
+            # Another engine's session (the push channel fans out to all adapters): nothing
+            # of it is here, and its next request here carries its tags itself.
+            self.stats["decisions_applied"] += 1
+            self.stats["decisions_foreign"] += 1
+            return
+        wall = self._wall_clock()  # wire times are Unix seconds
+        gap = decision.expected_gap_s
+        if decision.wakeup_at is not None:
+            gap = max(0.0, decision.wakeup_at - wall)
+        ttl: float | None = None
+        if decision.host_ttl_s is not None:
+            issued = decision.issued_at or wall
+            ttl = max(0.0, issued + decision.host_ttl_s - wall)
+        last = decision.last_turn or decision.state == "finished"
+        hint = SessionHint(
+            expected_gap_s=gap,
+            last_turn=last,
+            suspended=decision.state == "suspended",
+            parent=decision.parent,
+            host_ttl_s=ttl,
+        )
+        if decision.state == "suspended":
+            # The timer as issued (the tracker reports the branch and the time held).
+            self.resumes.suspended(session, decision.issued_at, decision.host_ttl_s)
+        elif last:
+            self.resumes.forget(session)
+        if last:
+            self._ended.add(session)
+        if last:
+            self._last_hint.pop(session, None)
+        else:
+            self._last_hint[session] = hint
+        self.stats["decisions_applied"] += 1
+        before = self.core.counters["ttl_expiries"]
+        self._drop_victims(self.tier.hint(session, hint, now), now)
+        self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
+        self._refresh_timer()

@@ -1,0 +1,326 @@
+"""The store-gating protocol: an offer is decided once, before vLLM asks for victims.
+
+:meth:`StoreGate.begin_store` plans the offer's placements, asks the core's gate, and stages
+the keys and victims only on admission; ``evict`` then hands vLLM the chosen victims, or
+``None`` to refuse the store; ``end_store`` rolls back what vLLM did not use.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
+
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+from engine_adapter.key_map import merge_locs, victim_keys
+from engine_adapter.policy_state import Loc, RequestInfo
+from engine_adapter.requests import Requests
+from engine_adapter.vllm_compat import offload_key_positions
+from service.policy import EvictionClass, Run
+
+__all__ = ["StoreGate"]
+
+
+class StoreGate(Requests):
+    """``begin_store`` / ``evict`` / ``end_store``: one decision per offer."""
+
+    def begin_store(
+        self,
+        offer: Sequence[OffloadKey],
+        ctx: ReqContext | None,
+        now: float | None = None,
+        *,
+        reported: Collection[OffloadKey] | None = None,
+    ) -> bool:
+        """Decide an offer (the keys vLLM is about to store) before vLLM evicts for it.
+
+        ``offer`` is the whole offer as vLLM's ``prepare_store`` sees it: the keys it already
+        holds are not stored again but are *protected* (vLLM never evicts a key of the offer),
+        so the core is told about them and never picks them as victims. ``reported``: the
+        misses this request already reported to vLLM's manager (it tells a policy of each miss
+        once; ARC learns from them). Returns whether the core admitted the store. On admission
+        the missing keys are staged (the tier counts them resident) and the victims are held
+        for ``evict``.
+        """
+        now = self._clock() if now is None else now
+        self._unstage(now)
+        if ctx is not None:
+            self._last_ctx = ctx
+        info = self._request(ctx, now)
+        session = info.session
+        assert session is not None
+        # Two passes: plan the offer's (key, segment, index) placements without touching the
+        # maps, ask the gate, and write them only if it admits. Under overload most offers are
+        # refused, and a refusal then costs no writes to undo.
+        runs: list[Run] = []
+        planned: list[tuple[OffloadKey, int, int]] = []
+        held: list[Loc] = []
+        run_seg = run_start = run_stop = -1
+        chunks, staged = self.chunks, self._staged
+        key_at, loc_map = self._key_at, self._loc
+        positions = offload_key_positions(ctx)
+        unit = self.block_tokens
+        seg = info.seg
+        slots = key_at[seg]
+        fallback = info.next_index  # keys without a known position follow the previous one
+        taken: dict[int, OffloadKey] = {}  # indices this offer claims in ``seg``
+        for key in offer:
+            if key in chunks or key in staged:
+                loc = loc_map.get(key)
+                if loc is not None:  # held: protected, not stored again
+                    held.append(loc)
+                continue
+            pos = positions.get(key)
+            if pos and unit and pos % unit == 0:
+                index = pos // unit - 1
+            elif pos and pos > 0:
+                index = self._index(key, ctx, info)
+                unit = self.block_tokens
+            else:
+                index = fallback
+            other = taken.get(index)
+            if other is None and index < len(slots):
+                other = slots[index]
+            if other is not None and other != key:
+                # Same session, same position, different content (an edited or branched
+                # context, or another KV group): continue in a segment whose slot is free, so
+                # residency stays one key per slot.
+                seg = self._fork(session, info, seg, index, planned)
+                info.seg = seg
+                slots = key_at[seg]
+                taken = {i: k for k, s, i in planned if s == seg}
+            taken[index] = key
+            fallback = index + 1
+            planned.append((key, seg, index))
+            if seg == run_seg and index == run_stop:
+                run_stop += 1
+            else:
+                if run_seg >= 0:
+                    runs.append(Run(run_seg, run_start, run_stop))
+                run_seg, run_start, run_stop = seg, index, index + 1
+        if not planned:
+            return True
+        n_new = len(planned)
+        runs.append(Run(run_seg, run_start, run_stop))
+        info.next_index = run_stop
+        protected = runs
+        capacity = self.tier.capacity
+        if capacity is not None and n_new > capacity - self.tier.used:
+            # Victims will be chosen: what vLLM will not let go must be off limits to the core.
+            if held:
+                protected = protected + merge_locs(sorted(held))
+            if self._pinned:
+                protected = protected + self._pinned_runs()
+        misses = None
+        if reported:
+            misses = merge_locs([(s, i) for k, s, i in planned if k not in reported])
+        result = self.tier.store(protected, session, now, misses=misses)
+        if not result.admitted:
+            self._refused = True
+            self.stats["refusals"] += 1
+            self.stats["refused_blocks"] += n_new
+            return False
+        frontier = self._frontier
+        for key, seg, index in planned:
+            slots = key_at[seg]
+            if len(slots) <= index:
+                slots.extend([None] * (index + 1 - len(slots)))
+            slots[index] = key
+            loc_map[key] = (seg, index)
+            if index >= frontier[seg]:
+                frontier[seg] = index + 1
+            staged.add(key)
+        # Counted when vLLM has inserted them (end_store): it may still drop the store.
+        self._offer_blocks = n_new
+        staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
+        for victim in result.victims:
+            staged_victims.extend(victim_keys(key_at, victim))
+        self._staged_victims = staged_victims
+        return True
+
+    def report_misses(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> None:
+        """vLLM reported store misses for a store it then could not make (no evictable room):
+        the core learns from them as from the misses of a store (ARC adapts to ghost hits).
+        Keys are located where the store would have put them; a slot held by other content
+        (an edit: the store would fork) has no history to learn from and is skipped."""
+        now = self._clock()
+        info = self._request(ctx, now)
+        positions = offload_key_positions(ctx)
+        unit = self.block_tokens
+        locs: list[Loc] = []
+        index = info.next_index
+        for key in keys:
+            pos = positions.get(key)
+            if pos and unit and pos % unit == 0:
+                index = pos // unit - 1
+            elif pos and pos > 0:
+                index = self._index(key, ctx, info)
+                unit = self.block_tokens
+            if self._occupant(info.seg, index) is None:
+                locs.append((info.seg, index))
+            index += 1
+        self.tier.report_misses(merge_locs(locs), now)
+
+    def _fork(
+        self,
+        session: str,
+        info: RequestInfo,
+        current: int,
+        index: int,
+        planned: Sequence[tuple[OffloadKey, int, int]],
+    ) -> int:
+        """A segment of ``info``'s context whose slot ``index`` is free (a new fork if none)."""
+        base = self._segment(session, info.tags.segment)
+        forks = self._forks.setdefault(base, [])
+        claimed = {s for _, s, i in planned if i == index}
+        for seg in (base, *forks):
+            if seg != current and seg not in claimed and self._occupant(seg, index) is None:
+                return seg
+        self._fork_serial += 1
+        seg = self._segment(session, (info.tags.segment, "fork", self._fork_serial))
+        forks.append(seg)
+        return seg
+
+    def _unstage(self, now: float) -> None:
+        """Roll back what an offer staged but vLLM never inserted (its store was dropped)."""
+        self._stash = None
+        staged = self._staged
+        leftovers = [k for k in staged if k not in self.chunks] if staged else []
+        staged.clear()
+        offered, self._offer_blocks = self._offer_blocks, 0
+        if offered:
+            inserted = offered - len(leftovers)
+            if inserted > 0:
+                self.stats["stores"] += 1
+                self.stats["stored_blocks"] += inserted
+            else:
+                # Admitted by the gate, dropped by vLLM (no evictable room: transfers pin it).
+                self.stats["refusals"] += 1
+                self.stats["refused_blocks"] += offered
+        if leftovers:
+            runs: list[Run] = []
+            for key in leftovers:
+                # A reclaim may have dropped a staged key's slot already (stock manager).
+                loc = self._unplace(key)
+                if loc is not None:
+                    runs.append(Run(loc[0], loc[1], loc[1] + 1))
+            self.tier.drop(runs)
+        victims, self._staged_victims = self._staged_victims, None
+        self._refused = False
+        if victims:
+            # The core chose them but vLLM never evicted them: give them back to the tier.
+            self._readmit([k for k, _ in victims], now)
+
+    def _readmit(self, keys: Iterable[OffloadKey], now: float) -> None:
+        for key in keys:
+            loc = self._loc.get(key)
+            if loc is None:
+                continue
+            if key not in self.chunks:
+                self._unplace(key)
+                continue
+            run = Run(loc[0], loc[1], loc[1] + 1)
+            if self.tier.is_resident(loc[0], loc[1]):
+                continue
+            if not self.tier.store([run], self.tier.owner(loc[0]), now).admitted:
+                self._doom(key, EvictionClass.RECENCY)
+
+    def end_store(self, now: float | None = None) -> None:
+        """vLLM finished ``prepare_store``: drop whatever the offer staged and did not use."""
+        self._unstage(self._clock() if now is None else now)
+
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        if n <= 0:
+            return []
+        if self._refused:
+            self._refused = False
+            self._stash = None
+            return None
+        if self._staged_victims is None:
+            # Stock manager: the offer is decided here, where vLLM says what it protects.
+            offer, ctx = self._stashed_offer(n, protected)
+            if not self.begin_store(offer, ctx):
+                self._refused = False
+                return None
+        chosen = list(self._staged_victims or ())
+        self._staged_victims = None
+        if len(chosen) > n:
+            # The core freed more than vLLM needs (its books counted chunks vLLM still holds):
+            # the surplus stays with vLLM as doomed, evicted later.
+            for key, cls in chosen[n:]:
+                self._doom(key, cls)
+            chosen = chosen[:n]
+        short = n - len(chosen)
+        fills: list[tuple[OffloadKey, EvictionClass]] = []
+        if short > 0:
+            pinned = self._pinned
+            for key, cls in self._doomed.items():
+                if key not in pinned and key not in protected:
+                    fills.append((key, cls))
+                    if len(fills) == short:
+                        break
+            for key, _ in fills:
+                del self._doomed[key]
+            short -= len(fills)
+        if short > 0:
+            # Room the tier does not count (chunks vLLM holds for pinned doomed keys, or a bare
+            # evict() with no offer): the core picks that many more victims.
+            more = self._make_room(short, protected)
+            if more is not None:
+                chosen.extend(more)
+                short = 0
+        if short > 0 or any(k in self._pinned or k in protected for k, _ in chosen):
+            # Not enough evictable room (pinned chunks), or the core chose a key vLLM protects:
+            # refuse and change nothing vLLM sees. The doomed stay doomed; the core's own
+            # victims go back to the tier once the offer's staged keys are rolled back.
+            for key, cls in fills:
+                self._doomed[key] = cls
+            self._staged_victims = chosen
+            self._unstage(self._clock())
+            self.stats["refusals_pinned"] += 1
+            return None
+        chosen.extend(fills)
+        out: list[tuple[OffloadKey, ChunkStatus]] = []
+        doomed, sharers, chunks, loc_map, key_at = (
+            self._doomed,
+            self._sharers,
+            self.chunks,
+            self._loc,
+            self._key_at,
+        )
+        by_class: Counter[EvictionClass] = Counter()
+        for key, cls in chosen:
+            if doomed:
+                doomed.pop(key, None)
+            loc = loc_map.pop(key, None)
+            if loc is not None:
+                key_at[loc[0]][loc[1]] = None
+            if sharers:
+                sharers.pop(key, None)
+            out.append((key, chunks.pop(key)))
+            by_class[cls] += 1
+        for cls, count in by_class.items():
+            self.stats[f"evicted_blocks_{cls.value}"] += count
+        return out
+
+    def _make_room(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, EvictionClass]] | None:
+        """``n`` victims from the core with nothing stored, or ``None`` (nothing changed)."""
+        loc_of = self._loc.get
+        locs = [loc for k in protected if (loc := loc_of(k)) is not None]
+        locs += [loc for k in self._staged if (loc := loc_of(k)) is not None]
+        keep = merge_locs(sorted(locs))
+        if self._pinned:
+            keep += self._pinned_runs()
+        victims = self.tier.make_room(n, None, keep, self._clock())
+        if victims is None:
+            return None
+        key_at = self._key_at
+        out: list[tuple[OffloadKey, EvictionClass]] = []
+        for victim in victims:
+            out.extend(victim_keys(key_at, victim))
+        return out

@@ -1,0 +1,166 @@
+"""What each host-retention branch costs on a sample of approval waits, in the finite tier.
+
+The two branches of seed 002, 3.4 - ``retain`` (keep the host copy until resume) and ``ttl``
+(discard after ``t2(lambda)``, :func:`~service.policy.retention.host_ttl_seconds`) - scored by
+replaying the waits in a loss system of ``C2`` host slots (:mod:`service.policy.host_loss`):
+:func:`branch_costs` per context, :func:`choose_regime` the one-shot choice between them. The
+controllers that re-choose online are in :mod:`service.policy.retention_control`. Pure: no
+I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from service.policy.host_loss import episode_cost, poisson_arrivals, steady_state_cost
+from service.policy.retention import PriceVector, host_ttl_seconds, lambda_crit
+
+__all__ = [
+    "EVALUATORS",
+    "Branch",
+    "BranchCosts",
+    "RegimeChoice",
+    "RetentionModel",
+    "branch_costs",
+    "check_lambda",
+    "choose_regime",
+    "clean_waits",
+]
+
+Branch = Literal["retain", "ttl"]
+Evaluator = Literal["steady", "episode"]
+EVALUATORS: tuple[Evaluator, ...] = ("steady", "episode")
+
+
+def check_lambda(lam: float) -> float:
+    if isinstance(lam, bool) or not (isinstance(lam, int | float) and math.isfinite(lam)):
+        raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
+    if lam < 0:
+        raise ValueError(f"lambda must be a finite rate >= 0, got {lam!r}")
+    return float(lam)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionModel:
+    """What the TTL decision is priced with: price vector, host slots ``C2``, ``W_ref``.
+
+    Stricter than :class:`PriceVector` on its own: a zero recompute cost ``beta3`` would make
+    every timer zero, so it is refused here (``beta2 = 0`` is allowed: the seed's own
+    sensitivity case, a host restore fully hidden behind DMA).
+    """
+
+    price: PriceVector
+    c2: float
+    w_ref_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.price.beta3 > 0):
+            raise ValueError(f"beta3 must be > 0, got {self.price.beta3!r}")
+        lambda_crit(self.c2, self.w_ref_s)  # names c2 / w_ref_s when either is bad
+        if self.c2 < 1:
+            raise ValueError(f"c2 must be >= 1 host slot, got {self.c2!r}")
+
+    @property
+    def slots(self) -> int:
+        return int(self.c2)
+
+    @property
+    def lambda_crit(self) -> float:
+        return lambda_crit(self.c2, self.w_ref_s)
+
+    def t2(self, lam: float) -> float | None:
+        return host_ttl_seconds(check_lambda(lam), self.price, self.c2, self.w_ref_s)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchCosts:
+    """Mean GPU-s per suspended context under each branch, on one wait sample."""
+
+    retain: float
+    ttl: float
+    t2: float | None
+    lam: float
+    samples: int
+    evaluator: Evaluator
+
+    def cost(self, branch: Branch) -> float:
+        return self.retain if branch == "retain" else self.ttl
+
+
+def clean_waits(waits_s: Sequence[float]) -> list[float]:
+    waits = [float(w) for w in waits_s if math.isfinite(w) and w >= 0]
+    if not waits:
+        raise ValueError("waits_s (calibration samples) must hold at least one wait >= 0")
+    return waits
+
+
+def branch_costs(
+    model: RetentionModel,
+    waits_s: Sequence[float],
+    lam: float,
+    *,
+    evaluator: Evaluator = "steady",
+    seed: int = 0,
+) -> BranchCosts:
+    """Score ``retain`` and ``ttl`` (``t2(lam)``) on ``waits_s`` at suspension rate ``lam``.
+
+    ``steady``: the long-run cost in the loss system (what a long-running deployment pays).
+    ``episode``: the seed's calibration replay: the waits, in order, arrive as a Poisson stream
+    at ``lam`` (seeded) into an empty tier.
+    """
+    if evaluator not in EVALUATORS:
+        raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
+    waits = clean_waits(waits_s)
+    lam = check_lambda(lam)
+    t2 = model.t2(lam)
+    if evaluator == "steady":
+        retain = steady_state_cost(waits, lam, None, model.slots, model.price)
+        ttl = retain if t2 is None else steady_state_cost(waits, lam, t2, model.slots, model.price)
+    else:
+        if lam == 0:
+            # No arrivals to congest the tier: every copy is kept and resumed from host.
+            retain = ttl = model.price.beta2
+        else:
+            arrivals = poisson_arrivals(len(waits), lam, seed)
+            retain = episode_cost(arrivals, waits, None, model.slots, model.price).cost
+            ttl = (
+                retain
+                if t2 is None
+                else episode_cost(arrivals, waits, t2, model.slots, model.price).cost
+            )
+    return BranchCosts(retain, ttl, t2, lam, len(waits), evaluator)
+
+
+@dataclass(frozen=True, slots=True)
+class RegimeChoice:
+    regime: Literal["retain", "ttl"]
+    host_ttl_s: float | None
+    cost_retain: float
+    cost_ttl: float
+    samples: int
+
+
+def choose_regime(
+    waits_s: Iterable[float], lam: float, price: PriceVector, c2: float, w_ref_s: float
+) -> RegimeChoice:
+    """Score the calibration waits under host-retain and ``cpu_ttl(lambda)``; keep the cheaper.
+
+    The two are scored in the finite host tier as a loss system (long-run cost per context,
+    :func:`service.policy.host_loss.steady_state_cost`), not with the mean-field ``alpha2``
+    charge: that charge only derives ``t2`` and, used to score, it prefers expiry whenever the
+    mean residual wait beyond ``t2`` exceeds ``t2`` (memoryless waits included), which the
+    finite-capacity replay refutes. Without congestion both branches keep every copy and
+    retain wins the tie. ``cost_retain`` / ``cost_ttl`` are totals over the samples (GPU-s).
+    """
+    waits = [w for w in waits_s if w >= 0 and math.isfinite(w)]
+    t2 = host_ttl_seconds(lam, price, c2, w_ref_s)
+    if not waits:
+        return RegimeChoice("retain", None, 0.0, 0.0, 0)
+    costs = branch_costs(RetentionModel(price, c2, w_ref_s), waits, lam)
+    n = len(waits)
+    if t2 is not None and costs.ttl < costs.retain:
+        return RegimeChoice("ttl", t2, costs.retain * n, costs.ttl * n, n)
+    return RegimeChoice("retain", None, costs.retain * n, costs.ttl * n, n)

@@ -1,0 +1,54 @@
+"""What one replay run is configured with: the engine, the host tier, and an optional SSD tier."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from service.policy.placement import create_placement
+from service.replay.hardware import HardwareProfile, SsdProfile
+
+__all__ = ["ReplayConfig", "TieringConfig", "WorkloadNotes"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    policy: str
+    hardware: HardwareProfile
+    host_gib: float
+    arrival_rate: float  # root sessions per second (Poisson)
+    seed: int
+    policy_params: Mapping[str, float] | None = None
+    #: An SSD tier below the host tier and its placement (``None``: the host tier only).
+    tiering: TieringConfig | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadNotes:
+    """What placement needs that the replay trace model does not carry."""
+
+    #: Session id -> estimated reasoning tokens per turn.
+    reasoning_tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Worker session id -> predicted lifetime (seconds) from the ranker at spawn.
+    predicted_lifetime_s: Mapping[str, float] = field(default_factory=dict)
+    #: Sub-agent session id -> ``worker`` or ``reviewer`` (default ``worker``).
+    roles: Mapping[str, str] = field(default_factory=dict)
+    #: Name of the ranker the predictions came from (for reports).
+    ranker: str = "none"
+
+
+@dataclass(frozen=True)
+class TieringConfig:
+    placement: str
+    ssd: SsdProfile
+    notes: WorkloadNotes = field(default_factory=WorkloadNotes)
+    #: SSD tier capacity (default: the whole device).
+    ssd_bytes: float | None = None
+    #: A fast-only worker block evicted from DRAM: ``spill`` it to the SSD tier (counted) or
+    #: ``drop`` it (a later turn recomputes it).
+    fast_eviction: str = "spill"
+
+    def __post_init__(self) -> None:
+        if self.fast_eviction not in ("spill", "drop"):
+            raise ValueError("fast_eviction must be 'spill' or 'drop'")
+        create_placement(self.placement)  # fail early on an unknown name

@@ -1,0 +1,103 @@
+"""Bookkeeping the SSD-tier model keeps beside the tiers: observed residency and use counts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from service.policy import HostTier, Run, TierPolicy, Victim
+from service.policy.types import StoreResult
+
+__all__ = ["ObservedTier", "TierOwner", "UseCounts", "pieces"]
+
+
+class TierOwner(Protocol):
+    """What an :class:`ObservedTier` reports to (the replay's ``LowerTier``)."""
+
+    now: float
+
+    def charge(self, tier: str, seg: int, blocks: int) -> None: ...
+
+    def on_evicted(self, tier: HostTier, victims: Sequence[Victim]) -> None: ...
+
+
+class ObservedTier(HostTier):
+    """A :class:`HostTier` that reports residency changes and evictions to its owner."""
+
+    def __init__(
+        self, policy: TierPolicy, capacity: int | None, owner: TierOwner, name: str
+    ) -> None:
+        self._owner = owner
+        self.name = name
+        super().__init__(policy, capacity)
+
+    def store(
+        self,
+        runs: Sequence[Run],
+        session: str,
+        now: float,
+        *,
+        misses: Sequence[Run] | None = None,
+    ) -> StoreResult:
+        self._owner.now = now
+        return super().store(runs, session, now, misses=misses)
+
+    def expire(self, now: float) -> list[Victim]:
+        self._owner.now = now
+        return super().expire(now)
+
+    def _set(self, run: Run) -> None:
+        super()._set(run)
+        self._owner.charge(self.name, run.seg, run.stop - run.start)
+
+    def _unset(self, run: Run) -> None:
+        super()._unset(run)
+        self._owner.charge(self.name, run.seg, -(run.stop - run.start))
+
+    def _clear(self, victims: Sequence[Victim]) -> None:
+        self._owner.on_evicted(self, victims)
+        super()._clear(victims)
+
+
+class UseCounts:
+    """Per-block use counts (saturating at 255), one numpy array per segment, grown on demand."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[int, np.ndarray[Any, np.dtype[np.uint8]]] = {}
+
+    def bump(self, run: Run) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], int]:
+        """Add one use to ``run``'s blocks; returns the counts before, and the run start."""
+        arr = self._arrays.get(run.seg)
+        if arr is None or arr.size < run.stop:
+            grown = np.zeros(max(run.stop, 2 * (0 if arr is None else arr.size)), np.uint8)
+            if arr is not None:
+                grown[: arr.size] = arr
+            arr = self._arrays[run.seg] = grown
+        view = arr[run.start : run.stop]
+        before = view.copy()
+        np.minimum(view.astype(np.uint16) + 1, 255, out=view, casting="unsafe")
+        return before, run.start
+
+    def at_least(self, run: Run, n: int) -> list[Run]:
+        """Pieces of ``run`` whose blocks have been used at least ``n`` times."""
+        arr = self._arrays.get(run.seg)
+        if arr is None:
+            return []
+        hi = min(run.stop, arr.size)
+        if hi <= run.start:
+            return []
+        return pieces(run.seg, run.start, arr[run.start : hi] >= n)
+
+
+def pieces(seg: int, start: int, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> list[Run]:
+    """Maximal runs of ``True`` in ``mask`` (block ``start + i``) as runs of ``seg``."""
+    if not mask.any():
+        return []
+    padded = np.concatenate(([False], mask, [False]))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return [
+        Run(seg, start + int(a), start + int(b))
+        for a, b in zip(edges[::2], edges[1::2], strict=True)
+    ]

@@ -1,0 +1,229 @@
+"""The import graph points down the layers of ARCHITECTURE.md, and has no cycle.
+
+A small AST walk over every module of the packages: each ``import`` / ``from ... import``
+(function-level and ``TYPE_CHECKING`` ones included: they are dependencies all the same) is
+an edge. A module may import its own group and groups of a lower layer, never a group of its
+own layer or above; the engine adapter imports only the core, the wire formats and the errors;
+test helpers are imported by tests only; and no chain of imports comes back to where it
+started.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("service", "engine_adapter", "clients", "benchmarks")
+
+#: Groups of modules by layer, bottom first (a group: a module and everything under it).
+#: Longest prefix wins; CLI modules (``cli`` / ``*_cli``) are always the top layer.
+LAYERS: list[tuple[str, ...]] = [
+    # 0: the pure decision core, the shared errors, stand-alone tools
+    ("service.policy", "service.errors", "service.tools", "service.processes", "service"),
+    # 1: wire and record formats shared by the sidecar, the push channel and the adapter; the SDK
+    ("service.wire", "clients"),
+    # 2: the Redis state, settings, metrics; the simulator; calibration; the engine adapter
+    (
+        "service.state",
+        "service.settings",
+        "service.metrics",
+        "service.replay",
+        "service.calibrate",
+        "engine_adapter",
+    ),
+    # 3: the push channel's server
+    ("service.push",),
+    # 4: the HTTP API
+    ("service.api",),
+    # 5: the application
+    ("service.app",),
+    # 6: the local-stack launcher
+    ("service.stack",),
+    # 7: the live A/B harness on the stack, and the benchmarks: imported by the CLI only
+    ("service.live", "benchmarks"),
+    # 8: the command line (``tenure`` and each package's ``cli`` / ``*_cli`` module)
+    ("<cli>",),
+]
+#: What the engine adapter may import of the rest of the house (besides vLLM and itself).
+ADAPTER_MAY_IMPORT = ("service.policy", "service.wire", "service.errors", "engine_adapter")
+#: What the SDK may import (it ships to harnesses on its own).
+SDK_MAY_IMPORT = ("clients",)
+TEST_HELPERS = ("engine_adapter.testing",)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            found[_module_name(path)] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield target, node.lineno
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in known:
+                    yield sub, node.lineno
+
+
+def _edges() -> dict[str, set[tuple[str, int]]]:
+    known = _modules()
+    edges: dict[str, set[tuple[str, int]]] = {}
+    for name, path in known.items():
+        out = edges.setdefault(name, set())
+        for target, line in _imports(name, path, known):
+            if target.split(".")[0] in PACKAGES and target != name:
+                # ``import a.b.c`` depends on the deepest module of it the tree has.
+                while target not in known and "." in target:
+                    target = target.rpartition(".")[0]
+                if target in known and target != name:
+                    out.add((target, line))
+    return edges
+
+
+def _is_cli(name: str) -> bool:
+    last = name.rpartition(".")[2]
+    return last == "cli" or last.endswith("_cli")
+
+
+def _group(name: str) -> tuple[int, str]:
+    """(layer, group) of a module: its longest matching group prefix."""
+    if _is_cli(name):
+        return len(LAYERS) - 1, "<cli>"
+    best: tuple[int, str] | None = None
+    for layer, groups in enumerate(LAYERS):
+        for group in groups:
+            if (name == group or name.startswith(group + ".")) and (
+                best is None or len(group) > len(best[1])
+            ):
+                best = (layer, group)
+    assert best is not None, f"{name} is in no layer: add its group to LAYERS"
+    return best
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_every_import_points_down_the_layers() -> None:
+    wrong = []
+    for source, targets in sorted(_edges().items()):
+        layer, group = _group(source)
+        for target, line in sorted(targets):
+            t_layer, t_group = _group(target)
+            if t_group == group:
+                continue
+            if t_layer >= layer:
+                wrong.append(
+                    f"{source}:{line} imports {target} "
+                    f"(layer {layer} {group} -> layer {t_layer} {t_group})"
+                )
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_the_adapter_and_the_sdk_import_only_what_they_may() -> None:
+    wrong = []
+    for source, targets in sorted(_edges().items()):
+        allowed: tuple[str, ...] | None = None
+        if _under(source, ("engine_adapter",)) and not _under(source, TEST_HELPERS):
+            allowed = ADAPTER_MAY_IMPORT
+        elif _under(source, ("clients",)):
+            allowed = SDK_MAY_IMPORT
+        if allowed is None:
+            continue
+        wrong += [f"{source}:{line} imports {t}" for t, line in targets if not _under(t, allowed)]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_test_helpers_are_imported_by_tests_only() -> None:
+    wrong = [
+        f"{source}:{line} imports {target}"
+        for source, targets in _edges().items()
+        if not _under(source, TEST_HELPERS)
+        for target, line in targets
+        if _under(target, TEST_HELPERS)
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = {s: {t for t, _ in ts} for s, ts in _edges().items()}
+    # Tarjan's strongly connected components: any with two or more modules is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = 0
+
+    def visit(node: str) -> None:
+        nonlocal counter
+        index[node] = low[node] = counter
+        counter += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_walk_sees_the_whole_house() -> None:
+    # Guards the test itself: a walk that found nothing would pass everything above.
+    edges = _edges()
+    assert len(edges) > 140
+    assert any(t == "service.wire.push" for t, _ in edges["service.push.server"])
+    for name in edges:
+        _group(name)
+
+
+#: Longest module allowed outside tests (the issue's "small rooms": one job per module).
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = sorted(
+        f"{name}: {lines} lines"
+        for name, path in _modules().items()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    )
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them):\n" + "\n".join(long)
