@@ -29,6 +29,12 @@ Configure it as a secondary tier (the plugin registers the type, no ``module_pat
 ``ssd_capacity_bytes`` feeds the projection and the capacity gauge; it is not a limit (the
 ``fs`` tier has no eviction: deleting closed segments is what bounds its size here).
 
+With a push address (``"push_addr"`` in the tier's entry, or env ``TENURE_PUSH_ADDR``) the
+tier also reports the same accounting to the sidecar over the push channel
+(:mod:`engine_adapter.placement_push`, every ``push_interval_s``, default 1 s), under
+``engine_id`` (env ``TENURE_ENGINE_ID``; default: host, pid and a random suffix); the sidecar
+exports it as ``tenure_placement_*`` metrics. ``"push_addr": ""`` turns it off.
+
 Only placements that never cascade on eviction are accepted (vLLM 0.32 tells a secondary tier
 nothing about primary evictions): ``write-through`` (vLLM's own behaviour, with accounting) and
 ``lachesis-wt`` (the default).
@@ -56,6 +62,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
+from engine_adapter.placement_push import PlacementPusher, PlacementTotals
 from engine_adapter.segment_book import UNTAGGED, SegmentBook
 from engine_adapter.tiering_names import METRICS, TIER_TYPE
 from service.policy.endurance import Endurance, WriteRateMeter
@@ -97,6 +104,9 @@ class TenureFsTier(FileSystemTierManager):
         locality: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
         placement: str = "lachesis-wt",
+        push_addr: str | None = None,
+        push_interval_s: float = 1.0,
+        engine_id: str | None = None,
         **endurance: Any,
     ) -> None:
         try:
@@ -160,6 +170,20 @@ class TenureFsTier(FileSystemTierManager):
         self._inflight_keys: Counter[OffloadKey] = Counter()
         self._doomed: set[OffloadKey] = set()
         self._done_local: list[JobResult] = []
+        self.deleted_files = 0
+        self.pusher: PlacementPusher | None = None
+        addr = os.environ.get("TENURE_PUSH_ADDR", "") if push_addr is None else push_addr
+        if addr:
+            interval = _number({"push_interval_s": push_interval_s}, "push_interval_s", 1.0)
+            assert interval is not None
+            ident = engine_id or os.environ.get("TENURE_ENGINE_ID") or None
+            self.pusher = PlacementPusher(
+                str(addr),
+                self.placement_totals,
+                adapter_id=f"{ident}-fs" if ident else None,
+                interval_s=interval,
+            )
+            self.pusher.start()
 
     # --- vLLM metric definitions -----------------------------------------------------------
 
@@ -319,6 +343,7 @@ class TenureFsTier(FileSystemTierManager):
                 log.warning("tenure: cannot delete %s: %s", path, exc)
                 continue
             del self._file_bytes[key]
+            self.deleted_files += 1
             label = self.book.deleted(key, True)
             self.ssd_used_bytes -= size
             self.totals[(METRICS.DELETED_BYTES, (label,))] += size
@@ -354,6 +379,43 @@ class TenureFsTier(FileSystemTierManager):
             "open_segments": self.book.open_segments(),
             "files_referenced": self.book.files_tracked(),
         }
+
+    def placement_totals(self) -> PlacementTotals:
+        """A copy of the cumulative counters and the gauges, safe to take from another thread
+        (the push thread): ``dict.copy`` of the counters is one step under the GIL."""
+        totals = dict.copy(self.totals)
+        by_metric: dict[str, dict[tuple[str, ...], int]] = {}
+        for (metric, labels), value in totals.items():
+            by_metric.setdefault(metric, {})[labels] = value
+        writes = {
+            (labels[0], labels[1]): v
+            for labels, v in by_metric.get(METRICS.WRITE_BYTES, {}).items()
+            if len(labels) == 2
+        }
+        years = self.projected_device_years()
+        return PlacementTotals(
+            placement=self.placement.name,
+            write_bytes=writes,
+            kept_off_ssd_bytes={
+                labels[0]: v for labels, v in by_metric.get(METRICS.KEPT_OFF_SSD_BYTES, {}).items()
+            },
+            deleted_bytes={
+                labels[0]: v for labels, v in by_metric.get(METRICS.DELETED_BYTES, {}).items()
+            },
+            deleted_files=self.deleted_files,
+            ssd_used_bytes=self.ssd_used_bytes,
+            ssd_files=len(self._file_bytes),
+            ssd_capacity_bytes=int(self.capacity_bytes or 0),
+            ssd_warranty_years=0.0 if self.endurance is None else self.endurance.warranty_years,
+            ssd_write_rate_bytes_per_s=self.meter.rate(time.monotonic()),
+            projected_device_years=years,
+        )
+
+    def shutdown(self) -> None:
+        if self.pusher is not None:
+            self.pusher.stop()
+            self.pusher = None
+        super().shutdown()
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
