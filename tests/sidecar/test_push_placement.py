@@ -52,8 +52,9 @@ def test_tier_reports_reach_the_sidecar_metrics(sidecar_factory):
     addr = f"tcp://127.0.0.1:{free_port()}"
     server = sidecar_factory(push_addr=addr, push_snapshot_interval_s=0.5)
     totals = Totals()
+    writes = {("dram", "reasoning"): 4 * MIB, ("dram", "lead"): 6 * MIB, ("ssd", "lead"): 6 * MIB}
     totals.set(
-        write_bytes={("dram", "reasoning"): 4 * MIB, ("dram", "lead"): 6 * MIB, ("ssd", "lead"): 6 * MIB},
+        write_bytes=writes,
         kept_off_ssd_bytes={"reasoning": 4 * MIB},
         ssd_used_bytes=6 * MIB, ssd_files=3, ssd_capacity_bytes=3_840_000_000_000,
         ssd_warranty_years=5.0, ssd_write_rate_bytes_per_s=1000.0, projected_device_years=2.0e5,
@@ -67,10 +68,12 @@ def test_tier_reports_reach_the_sidecar_metrics(sidecar_factory):
         assert (
             _placement(text, "write_bytes_total", **a, tier="ssd", segment_class="lead") == 6 * MIB
         )
-        assert _placement(text, "write_bytes_total", **a, tier="dram", segment_class="reasoning") == 4 * MIB  # fmt: skip
+        dram_reasoning = {**a, "tier": "dram", "segment_class": "reasoning"}
+        assert _placement(text, "write_bytes_total", **dram_reasoning) == 4 * MIB
         # Reasoning never reached the SSD: no series for it at all.
         assert 'segment_class="reasoning",tier="ssd"' not in text
-        assert _placement(text, "kept_off_ssd_bytes_total", **a, segment_class="reasoning") == 4 * MIB  # fmt: skip
+        kept = _placement(text, "kept_off_ssd_bytes_total", **a, segment_class="reasoning")
+        assert kept == 4 * MIB
         assert _placement(text, "ssd_used_bytes", **a) == 6 * MIB
         assert _placement(text, "ssd_capacity_bytes", **a) == 3.84e12
         assert _placement(text, "ssd_projected_device_years", **a) == 2.0e5
@@ -78,7 +81,7 @@ def test_tier_reports_reach_the_sidecar_metrics(sidecar_factory):
         # A worker returns: its files are deleted. The sidecar adds the deltas once, however
         # many reports (and periodic snapshots in between) pass.
         totals.set(
-            write_bytes={("dram", "reasoning"): 4 * MIB, ("dram", "lead"): 6 * MIB, ("ssd", "lead"): 6 * MIB, ("dram", "worker"): 3 * MIB, ("ssd", "worker"): 3 * MIB},
+            write_bytes={**writes, ("dram", "worker"): 3 * MIB, ("ssd", "worker"): 3 * MIB},
             kept_off_ssd_bytes={"reasoning": 4 * MIB},
             deleted_bytes={"worker": 3 * MIB}, deleted_files=3,
             ssd_used_bytes=6 * MIB, ssd_files=3, ssd_capacity_bytes=3_840_000_000_000,
@@ -90,7 +93,8 @@ def test_tier_reports_reach_the_sidecar_metrics(sidecar_factory):
         assert (
             _placement(text, "write_bytes_total", **a, tier="ssd", segment_class="lead") == 6 * MIB
         )
-        assert _placement(text, "write_bytes_total", **a, tier="ssd", segment_class="worker") == 3 * MIB  # fmt: skip
+        ssd_worker = {**a, "tier": "ssd", "segment_class": "worker"}
+        assert _placement(text, "write_bytes_total", **ssd_worker) == 3 * MIB
         assert _placement(text, "deleted_bytes_total", **a, segment_class="worker") == 3 * MIB
         assert _placement(text, "ssd_projected_device_years", **a) == 1.4e5
         assert pusher.counters["received_dropped"] >= 1  # the snapshots it has no use for
