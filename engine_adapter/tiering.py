@@ -32,8 +32,9 @@ Configure it as a secondary tier (the plugin registers the type, no ``module_pat
 With a push address (``"push_addr"`` in the tier's entry, or env ``TENURE_PUSH_ADDR``) the
 tier also reports the same accounting to the sidecar over the push channel
 (:mod:`engine_adapter.placement_push`, every ``push_interval_s``, default 1 s), under
-``engine_id`` (env ``TENURE_ENGINE_ID``; default: host, pid and a random suffix); the sidecar
-exports it as ``tenure_placement_*`` metrics. ``"push_addr": ""`` turns it off.
+``engine_id`` (env ``TENURE_ENGINE_ID``, the id ``TENURE_PUSH_ENGINE_IDS`` lists at the
+sidecar; default: host, pid and a random suffix); the sidecar exports it as
+``tenure_placement_*`` metrics. ``"push_addr": ""`` turns it off.
 
 Only placements that never cascade on eviction are accepted (vLLM 0.32 tells a secondary tier
 nothing about primary evictions): ``write-through`` (vLLM's own behaviour, with accounting) and
@@ -180,7 +181,7 @@ class TenureFsTier(FileSystemTierManager):
             self.pusher = PlacementPusher(
                 str(addr),
                 self.placement_totals,
-                adapter_id=f"{ident}-fs" if ident else None,
+                adapter_id=ident,
                 interval_s=interval,
             )
             self.pusher.start()
