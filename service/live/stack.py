@@ -19,7 +19,6 @@ host-tier policy of the arm:
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,9 +87,6 @@ class ABStack(LocalStack):
         cfg = self.config
         assert self.model_path is not None
         return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path),
             "--host", "127.0.0.1",
             "--port", str(cfg.engine_port),
@@ -108,55 +104,15 @@ class ABStack(LocalStack):
             "--kv-transfer-config", json.dumps(self.engine_transfer_config()),
         ]  # fmt: skip
 
-    def start_engine(self) -> None:
-        from engine_adapter.cpu_engine import CPU_ENGINE_ENV
-        from service.processes import ManagedProcess, http_ok
-
-        if self.model_path is None:
-            self.ensure_model()
-        self.progress(
+    def engine_banner(self) -> str:
+        return (
             f"starting vLLM (CPU) on {self.engine_url}: host tier {self.config.policy}, "
             f"pool {self.config.gpu_blocks} + host {self.config.host_blocks} blocks of "
             f"{self.config.block_tokens} tokens"
         )
-        env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-        self.engine = ManagedProcess("vllm", self.engine_argv(), self.logs / "vllm.log", env=env)
-        self.engine.start().wait_until(
-            lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
-        )
 
-    def start_sidecar(self) -> None:
-        from service.processes import ManagedProcess, http_ok
-        from service.stack import TENURE_ARGV
-
-        self.progress(f"starting the Tenure sidecar on {self.proxy_url}")
-        env = {
-            "TENURE_REDIS_URL": self.redis_url,
-            "TENURE_UPSTREAM_URL": self.engine_url,
-            "TENURE_PUSH_ADDR": self.push_addr,
-            "TENURE_PUSH_SNAPSHOT_INTERVAL_S": str(self.config.snapshot_interval_s),
-            "TENURE_DEV_MODE": "true",
-            **self.config.sidecar_env,
-        }
-        argv = [*TENURE_ARGV, "serve", "--dev"]
-        argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
-        self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
-        self.sidecar.start().wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)
-
-    def start(self) -> ABStack:
-        self.config.workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            if not self.config.external_redis_url:
-                self.start_redis()
-            self.ensure_model()
-            self.start_sidecar()
-            self.start_engine()
-            if self.uses_adapter:
-                self.wait_for_adapter()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def sidecar_env(self) -> dict[str, str]:
+        return {**super().sidecar_env(), **self.config.sidecar_env}
 
     @property
     def uses_adapter(self) -> bool:
