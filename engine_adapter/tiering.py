@@ -52,8 +52,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from vllm.v1.kv_offload.base import (
-    OffloadingCounterMetadata,
-    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -66,6 +64,7 @@ from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 from engine_adapter.placement_push import PlacementPusher, PlacementTotals
 from engine_adapter.segment_book import UNTAGGED, SegmentBook
 from engine_adapter.tiering_names import METRICS, TIER_TYPE
+from engine_adapter.tiering_stats import metric_definitions, placement_totals
 from service.policy.endurance import Endurance, WriteRateMeter
 from service.policy.placement import UnknownPlacementError, create_placement
 
@@ -192,42 +191,7 @@ class TenureFsTier(FileSystemTierManager):
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
-        return {
-            METRICS.WRITE_BYTES: OffloadingCounterMetadata(
-                documentation="KV bytes written per offload tier (dram, ssd) and segment class; "
-                "ssd bytes as measured on the filesystem.",
-                labelnames=("tier", "segment_class"),
-            ),
-            METRICS.KEPT_OFF_SSD_BYTES: OffloadingCounterMetadata(
-                documentation="KV bytes stored in DRAM that placement kept off the SSD tier.",
-                labelnames=("segment_class",),
-            ),
-            METRICS.DELETED_BYTES: OffloadingCounterMetadata(
-                documentation="SSD-tier bytes deleted because their segment closed.",
-                labelnames=("segment_class",),
-            ),
-            METRICS.ERRORS: OffloadingCounterMetadata(
-                documentation="Malformed segment tags or impossible boundaries (request served "
-                "without segments), by kind.",
-                labelnames=("kind",),
-            ),
-            METRICS.SSD_USED_BYTES: OffloadingGaugeMetadata(
-                documentation="Bytes of KV files this tier wrote and has not deleted."
-            ),
-            METRICS.SSD_CAPACITY_BYTES: OffloadingGaugeMetadata(
-                documentation="Configured SSD tier capacity in bytes (0: not configured)."
-            ),
-            METRICS.SSD_WRITE_RATE: OffloadingGaugeMetadata(
-                documentation="SSD write rate, bytes/s (exponentially weighted)."
-            ),
-            METRICS.SSD_DEVICE_YEARS: OffloadingGaugeMetadata(
-                documentation="Projected SSD lifetime in years at the current write rate, 24x7 "
-                "(rated endurance over write rate; -1: endurance not configured or no writes)."
-            ),
-            METRICS.SSD_WARRANTY_YEARS: OffloadingGaugeMetadata(
-                documentation="The SSD's warranty period in years (0: not configured)."
-            ),
-        }
+        return metric_definitions()
 
     # --- request lifecycle -------------------------------------------------------------------
 
@@ -381,36 +345,13 @@ class TenureFsTier(FileSystemTierManager):
             "files_referenced": self.book.files_tracked(),
         }
 
+    @property
+    def ssd_files(self) -> int:
+        return len(self._file_bytes)
+
     def placement_totals(self) -> PlacementTotals:
-        """A copy of the cumulative counters and the gauges, safe to take from another thread
-        (the push thread): ``dict.copy`` of the counters is one step under the GIL."""
-        totals = dict.copy(self.totals)
-        by_metric: dict[str, dict[tuple[str, ...], int]] = {}
-        for (metric, labels), value in totals.items():
-            by_metric.setdefault(metric, {})[labels] = value
-        writes = {
-            (labels[0], labels[1]): v
-            for labels, v in by_metric.get(METRICS.WRITE_BYTES, {}).items()
-            if len(labels) == 2
-        }
-        years = self.projected_device_years()
-        return PlacementTotals(
-            placement=self.placement.name,
-            write_bytes=writes,
-            kept_off_ssd_bytes={
-                labels[0]: v for labels, v in by_metric.get(METRICS.KEPT_OFF_SSD_BYTES, {}).items()
-            },
-            deleted_bytes={
-                labels[0]: v for labels, v in by_metric.get(METRICS.DELETED_BYTES, {}).items()
-            },
-            deleted_files=self.deleted_files,
-            ssd_used_bytes=self.ssd_used_bytes,
-            ssd_files=len(self._file_bytes),
-            ssd_capacity_bytes=int(self.capacity_bytes or 0),
-            ssd_warranty_years=0.0 if self.endurance is None else self.endurance.warranty_years,
-            ssd_write_rate_bytes_per_s=self.meter.rate(time.monotonic()),
-            projected_device_years=years,
-        )
+        """A copy of the counters and the gauges, safe to take from the push thread."""
+        return placement_totals(self)
 
     def shutdown(self) -> None:
         if self.pusher is not None:
