@@ -116,6 +116,27 @@ def _plan(args: argparse.Namespace) -> _Plan:
     return plan
 
 
+def _load_slice(path: Path, spec: Any) -> Any:
+    """The slice's workload, reading only as much of the trace as it needs.
+
+    Block ids are local to a root session, so the first sessions of the trace come out of a
+    partial read exactly as out of the whole one (the whole trace takes ~3-5 s to load here,
+    a few dozen sessions ~0.1 s). Sessions too long for the model are skipped, so a margin
+    more is read, and the whole trace where even that does not yield enough.
+    """
+    from service.live.workload import ScaleError, build_workload
+    from service.replay.loaders.claude_code import load_claude_code
+
+    limit = 2 * (spec.first + spec.sessions) + 8
+    trace = load_claude_code(path, max_roots=limit)
+    try:
+        return build_workload(trace, spec)
+    except ScaleError:
+        if len(trace.roots) < limit:
+            raise  # that was the whole trace
+    return build_workload(load_claude_code(path), spec)
+
+
 def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
     from service.policy import policy_class
 
@@ -127,10 +148,9 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     from service.live import report
     from service.live.simulated import run_simulated
     from service.live.sizing import size_for
-    from service.live.workload import SliceSpec, arrival_schedule, build_workload, engine_trace
+    from service.live.workload import SliceSpec, arrival_schedule, engine_trace
     from service.policy import UnknownPolicyError, policy_class
     from service.replay.hardware import get_profile
-    from service.replay.loaders import load_trace
 
     arms = [args.baseline, args.policy]
     for name in arms:
@@ -157,8 +177,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
         max_prompt_tokens=ENGINE_DEFAULTS["max_model_len"] - 32,
     )
     started = _T0[0] = time.perf_counter()
-    trace = load_trace(trace_path, "claude-code")
-    work = build_workload(trace, spec)
+    work = _load_slice(trace_path, spec)
     etrace = engine_trace(work, ENGINE_DEFAULTS["block_tokens"])
     profile = get_profile("cpu-tiny-fp32")
     sizing = size_for(
@@ -198,6 +217,13 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
         )
     )
     schedule = arrival_schedule(etrace.roots, plan.rate, args.seed)
+    if args.quick:
+        _say(
+            "--quick: both arms' stacks start together before the first arm (each arm still "
+            "runs on its own fresh engine), and both engines run the model in their EngineCore "
+            "process (vLLM's uni executor); the full run starts each arm's stack after the "
+            "previous one stopped"
+        )
     own_workdir = workdir is None
     root = workdir or Path(tempfile.mkdtemp(prefix="tenure-up-"))
     stacks: list[Any] = []
@@ -239,6 +265,16 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
                     "dtype": "float32",
                     "gpu_blocks": sizing.gpu_blocks,
                     "host_blocks": sizing.host_blocks,
+                    "executor": "uni" if args.quick else "mp",
+                },
+                "quick": args.quick,
+                "stack_start": (
+                    "together, before the first arm"
+                    if args.quick
+                    else "in turn, each after the previous arm's stack stopped"
+                ),
+                "waiting_stacks_cpu_share": {
+                    name: results[name].waiting_cpu_share for name in arms
                 },
                 "sizing": sizing.to_dict(),
                 "lru_impl": args.lru_impl,
@@ -321,6 +357,7 @@ def _run_arms(
             host_blocks=sizing.host_blocks,
             lru_impl=args.lru_impl,
             policy_params=params[name],
+            in_process_worker=args.quick,
             sidecar_env=(
                 {"TENURE_RECORD_ENABLED": "true"}
                 if args.record is not None and i == len(arms) - 1
@@ -337,6 +374,8 @@ def _run_arms(
             },
         )
         stacks[name] = ABStack(config, progress=lambda line, n=name: _say(f"[{n}] {line}"))
+    if args.quick:
+        return _run_arms_started_together(args, arms, stacks, work, etrace, schedule)
     # One engine at a time: an idle CPU vLLM worker beside a running one was measured spinning
     # a whole core (one of this VM's two), which slowed the first arm ~10x and would hand
     # the second arm a quieter machine than the first.
@@ -353,6 +392,55 @@ def _run_arms(
             raise
         if not (args.keep_running and i == len(arms) - 1):
             stack.stop()
+    return results, [stacks[arms[-1]]] if args.keep_running else []
+
+
+def _run_arms_started_together(
+    args: argparse.Namespace,
+    arms: list[str],
+    stacks: dict[str, Any],
+    work: Any,
+    etrace: Any,
+    schedule: list[tuple[float, int]],
+) -> tuple[dict[str, Any], list[Any]]:
+    """``--quick``: every arm's stack starts at once (two ~20-40 s engine starts overlap on
+    two cores instead of following each other), then the arms run one after the other, each
+    on its own engine that has served nothing before its arm; each stack stops after its arm.
+
+    What the waiting stacks cost the running arm is measured (CPU seconds of their process
+    groups over the arm) and said: an idle engine with its worker in the EngineCore process
+    measured ~1.5% of a core here, where an engine still starting takes a whole one (which is
+    why nothing starts while an arm runs).
+    """
+    from service.live.arm import run_arm
+    from service.live.stack import group_cpu_seconds
+
+    results: dict[str, Any] = {}
+    try:
+        for name in arms:
+            stacks[name].launch()
+        for name in arms:
+            stacks[name].wait_ready()
+        for i, name in enumerate(arms):
+            stack = stacks[name]
+            waiting = [g for later in arms[i + 1 :] for g in stacks[later].process_groups()]
+            before = group_cpu_seconds(waiting)
+            results[name] = run_arm(stack, work, etrace, schedule, _say)
+            after = group_cpu_seconds(waiting)
+            if waiting and before is not None and after is not None:
+                share = (after - before) / max(results[name].wall_s, 1e-9)
+                results[name].waiting_cpu_share = share
+                _say(
+                    f"[{name}] the stacks still waiting used {share:.1%} of a core during this arm"
+                )
+            if args.record is not None and i == len(arms) - 1:
+                _export_recording(stack, args.record, etrace.block_tokens)
+            if not (args.keep_running and i == len(arms) - 1):
+                stack.stop()
+    except BaseException:
+        for stack in stacks.values():
+            stack.stop()
+        raise
     return results, [stacks[arms[-1]]] if args.keep_running else []
 
 
