@@ -50,8 +50,12 @@ class HostCopyWorker(OffloadingWorker):
             if engine_view.device.type != "cpu":
                 raise ValueError("the host-copy worker runs only where KV tensors are on the host")
             self._engine.append(engine_view)
-            self._host.append(torch.zeros((num_chunks, page), dtype=torch.int8))
+            self._host.append(self._host_pool(num_chunks, page))
         self._finished: list[TransferResult] = []
+
+    def _host_pool(self, num_chunks: int, page: int) -> torch.Tensor:
+        """The host pool of one KV tensor: a row of ``page`` bytes per chunk."""
+        return torch.zeros((num_chunks, page), dtype=torch.int8)
 
     def _copy(
         self,

@@ -34,22 +34,13 @@ class SharedRegionHostCopyWorker(HostCopyWorker):
     def __init__(
         self, kv_caches: CanonicalKVCaches, region: SharedOffloadRegion, blocks_per_chunk: int
     ) -> None:
-        if blocks_per_chunk != 1:
-            raise ValueError(
-                f"the host-copy worker needs blocks_per_chunk == 1, got {blocks_per_chunk}; "
-                "set the offloaded block_size equal to the engine's block size"
-            )
-        self._engine: list[torch.Tensor] = []
-        self._host: list[torch.Tensor] = []
-        for entry in kv_caches.tensors:
-            page = entry.page_size_bytes
-            engine_view = entry.tensor.view(torch.int8).view(-1, page)
-            if engine_view.device.type != "cpu":
-                raise ValueError("the host-copy worker runs only where KV tensors are on the host")
-            self._engine.append(engine_view)
-            self._host.append(region.create_next_worker_view(page * blocks_per_chunk))
-        self._finished = []
         self._region: SharedOffloadRegion | None = region
+        super().__init__(kv_caches, region.num_chunks, blocks_per_chunk)
+
+    def _host_pool(self, num_chunks: int, page: int) -> torch.Tensor:
+        # The shared region's per-chunk view of this tensor (what the secondary tiers read).
+        assert self._region is not None
+        return self._region.create_next_worker_view(page)
 
     def shutdown(self) -> None:
         self._host.clear()

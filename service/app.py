@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,30 +23,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
 
 from service.api import admin, record_admin, retention_admin, sessions
-from service.api.deps import ApiError, Services
-from service.api.errors import api_error, openai_error, unavailable
+from service.api.asgi import SidecarApp
+from service.api.connections import push_security, redis_client, upstream_client
+from service.api.deps import Services
+from service.api.errors import api_error, unavailable
 from service.api.openapi import add_proxy_routes
 from service.api.proxy import Proxy
-from service.api.raw_upstream import RawUpstream
 from service.api.recorder import Recorder
 from service.api.retention import build_retention
 from service.api.runtime import Runtime
 from service.api.segment_tracker import SegmentTracker
 from service.api.spawns import load_ranker
 from service.api.tenants import TenantResolver
-from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
 from service.metrics import Metrics
-from service.push.security import PushSecurity
 from service.push.server import PushServer
-from service.settings import Settings, parse_sentinels
+from service.settings import Settings
 from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys
 from service.state.records import StoreLimits
 from service.state.store import StateStore
-from service.state.topology import RedisClient, RedisTopology, connect
+from service.state.topology import RedisClient
 from service.wire.push import TierConfig
 
 __all__ = ["create_app"]
@@ -55,133 +53,6 @@ log = logging.getLogger(__name__)
 
 #: Sample sessions-by-state every this many refreshes (it reads up to thousands of records).
 _STATE_SAMPLE_EVERY = 5
-
-
-def redis_topology(settings: Settings) -> RedisTopology:
-    secret = settings.redis_sentinel_password
-    return RedisTopology(
-        url=settings.redis_url.get_secret_value(),
-        sentinels=parse_sentinels(settings.redis_sentinels),
-        master_name=settings.redis_sentinel_master,
-        sentinel_password=secret.get_secret_value() if secret is not None else None,
-        cluster=settings.redis_cluster,
-    )
-
-
-def _redis(settings: Settings, socket_timeout_s: float) -> RedisClient:
-    # The breaker decides when to try again; a client-side retry would only add waiting.
-    return connect(
-        redis_topology(settings),
-        socket_timeout_s=socket_timeout_s,
-        connect_timeout_s=settings.redis_timeout_s,
-    )
-
-
-def _upstream_client(
-    settings: Settings, transport: httpx.AsyncBaseTransport | None
-) -> UpstreamClient:
-    if transport is None and settings.upstream_client in ("raw", "aiohttp"):
-        kind = RawUpstream if settings.upstream_client == "raw" else AiohttpUpstream
-        return kind(
-            settings.upstream_url,
-            connect_timeout_s=settings.upstream_connect_timeout_s,
-            read_timeout_s=settings.upstream_read_timeout_s,
-            max_connections=settings.upstream_max_connections,
-        )
-    return HttpxUpstream(
-        httpx.AsyncClient(
-            base_url=settings.upstream_url,
-            timeout=httpx.Timeout(
-                connect=settings.upstream_connect_timeout_s,
-                read=settings.upstream_read_timeout_s,
-                write=settings.upstream_read_timeout_s,
-                pool=settings.upstream_connect_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=settings.upstream_max_connections,
-                max_keepalive_connections=settings.upstream_max_connections,
-            ),
-            transport=transport,
-            trust_env=False,
-        )
-    )
-
-
-def _push_security(settings: Settings) -> PushSecurity:
-    secret = settings.push_curve_secret_key
-    return PushSecurity(
-        curve_secret_key=secret.get_secret_value() if secret is not None else None,
-        client_keys=dict(settings.push_curve_client_keys),
-        ipc_mode=settings.push_ipc_mode,
-        max_adapters=settings.push_max_adapters,
-        engine_ids=frozenset(p.strip() for p in settings.push_engine_ids.split(",") if p.strip()),
-    )
-
-
-_Handler = Callable[[Request], Awaitable[Response]]
-
-
-class SidecarApp(FastAPI):
-    """FastAPI, with the proxied completion routes dispatched ahead of its middleware stack.
-
-    Those two routes carry nearly all the traffic and need nothing the stack adds (no
-    dependencies, no exception handlers: the proxy answers every error itself), and the stack's
-    four ASGI layers and route matching were ~5% of the sidecar's CPU per request. Every other
-    route goes through FastAPI as usual.
-    """
-
-    fast_routes: dict[str, _Handler]
-    #: Largest body of a lifecycle or admin request (the proxy has its own, larger limit).
-    api_max_body_bytes: int = 1024 * 1024
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.fast_routes.get(scope["path"])
-            if handler is None and scope["path"].startswith(_API_PREFIXES):
-                receive = _limited(receive, scope, self.api_max_body_bytes)
-            elif handler is not None:
-                scope["app"] = self
-                try:
-                    response = await handler(Request(scope, receive, send))
-                except Exception:
-                    log.exception("the proxy failed on %s", scope["path"])
-                    response = openai_error(
-                        500, "internal error in the sidecar", type_="server_error"
-                    )
-                await response(scope, receive, send)
-                return
-        elif scope["type"] == "http" and scope["path"].startswith(_API_PREFIXES):
-            receive = _limited(receive, scope, self.api_max_body_bytes)
-        await super().__call__(scope, receive, send)
-
-
-_API_PREFIXES = ("/v1/sessions", "/admin")
-
-
-def _limited(receive: Receive, scope: Scope, limit: int) -> Receive:
-    """``receive`` that refuses a body over ``limit`` bytes (413) before it is all read."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise_too_large = True
-            break
-    else:
-        raise_too_large = False
-    seen = 0
-
-    async def bounded() -> Message:
-        nonlocal seen
-        if raise_too_large:
-            raise ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise ApiError(
-                    413, f"request body is larger than {limit} bytes", code="body_too_large"
-                )
-        return message
-
-    return bounded
 
 
 def create_app(
@@ -222,7 +93,7 @@ def create_app(
         def count_error(op: str) -> None:
             metrics.redis_errors.labels(op).inc()
 
-        client = _redis(settings, settings.redis_timeout_s)
+        client = redis_client(settings, settings.redis_timeout_s)
         store = StateStore(
             client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error), limits,
             multiplex=settings.redis_multiplex, wait_replicas=settings.redis_wait_replicas,
@@ -236,12 +107,12 @@ def create_app(
         )  # fmt: skip
         runtime.retention = retention = build_retention(settings, store, metrics, clock)
         await runtime.refresh(sample_states=True)
-        upstream = _upstream_client(settings, upstream_transport)
+        upstream = upstream_client(settings, upstream_transport)
         tail_client: RedisClient | None = None
         push: PushServer | None = None
         if settings.push_addr:
             # Blocking stream reads need their own connection and a longer socket timeout.
-            tail_client = _redis(settings, settings.redis_timeout_s + 5.0)
+            tail_client = redis_client(settings, settings.redis_timeout_s + 5.0)
             tail_store = StateStore(
                 tail_client, keys, Breaker(settings.redis_retry_after_s, on_error=count_error),
                 limits,
@@ -259,7 +130,7 @@ def create_app(
             push = PushServer(
                 settings.push_addr, tail_store, metrics, tier_config=tier_config,
                 snapshot_interval_s=settings.push_snapshot_interval_s, clock=clock,
-                security=_push_security(settings),
+                security=push_security(settings),
             )  # fmt: skip
             await push.start()
             retention.on_change = push.broadcast_snapshot

@@ -7,8 +7,6 @@ key) are ``SecretStr`` so they never appear in reprs or logs.
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -16,55 +14,18 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = [
-    "MIN_ADMIN_TOKEN_CHARS",
-    "Settings",
-    "SettingsError",
-    "TenantSpec",
-    "is_loopback_host",
-    "load_settings",
-    "parse_sentinels",
-    "tenant_key_digest",
-]
+from service.settings_values import (
+    MIN_ADMIN_TOKEN_CHARS,
+    TENANT_NAME,
+    TOKEN_CHARS,
+    Z85_KEY,
+    error_location,
+    is_loopback_host,
+    parse_sentinels,
+    tenant_key_digest,
+)
 
-_TENANT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-#: How a tenant key may be given already hashed (and how ``Settings`` keeps every key).
-_KEY_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-#: Shortest admin token accepted: a guessable token is an open admin API.
-MIN_ADMIN_TOKEN_CHARS = 12
-#: Visible ASCII only: what an HTTP header carries unchanged, and never all blanks.
-_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")
-_Z85_KEY = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
-
-
-def tenant_key_digest(key: str) -> str:
-    """``sha256:<hex>`` of a tenant API key; a key already in that form is kept as it is."""
-    if _KEY_DIGEST.match(key):
-        return key
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (the only binds a local user owns)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
-    """``"h1:26379,h2:26379"`` -> ``(("h1", 26379), ("h2", 26379))``; a clear error otherwise."""
-    out: list[tuple[str, int]] = []
-    for item in (part.strip() for part in value.split(",")):
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"sentinel address {item!r} must be host:port")
-        out.append((host.strip("[]"), int(port)))
-    return tuple(out)
+__all__ = ["Settings", "SettingsError", "TenantSpec", "load_settings"]
 
 
 class SettingsError(ValueError):
@@ -81,7 +42,7 @@ class TenantSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _TENANT_NAME.match(value):
+        if not TENANT_NAME.match(value):
             raise ValueError("tenant names are 1-64 characters of [A-Za-z0-9._-]")
         return value
 
@@ -308,7 +269,7 @@ class Settings(BaseSettings):
     @classmethod
     def _strong_token(cls, value: SecretStr) -> SecretStr:
         token = value.get_secret_value()
-        if token and (len(token) < MIN_ADMIN_TOKEN_CHARS or not _TOKEN_CHARS.match(token)):
+        if token and (len(token) < MIN_ADMIN_TOKEN_CHARS or not TOKEN_CHARS.match(token)):
             raise ValueError(
                 f"TENURE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} visible ASCII "
                 "characters without spaces (e.g. openssl rand -hex 32)"
@@ -320,7 +281,7 @@ class Settings(BaseSettings):
     def _hash_keys(cls, value: dict[str, TenantSpec]) -> dict[str, TenantSpec]:
         hashed: dict[str, TenantSpec] = {}
         for key, spec in value.items():
-            if not key or not _TOKEN_CHARS.match(key):
+            if not key or not TOKEN_CHARS.match(key):
                 raise ValueError("tenant API keys must be visible ASCII without spaces")
             hashed[tenant_key_digest(key)] = spec
         return hashed
@@ -339,7 +300,7 @@ class Settings(BaseSettings):
     @field_validator("push_curve_secret_key")
     @classmethod
     def _z85_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not _Z85_KEY.match(value.get_secret_value()):
+        if value is not None and not Z85_KEY.match(value.get_secret_value()):
             raise ValueError("push_curve_secret_key must be a 40-character Z85 CURVE key")
         return value
 
@@ -347,9 +308,9 @@ class Settings(BaseSettings):
     @classmethod
     def _z85_clients(cls, value: dict[str, str]) -> dict[str, str]:
         for name, key in value.items():
-            if not _TENANT_NAME.match(name):
+            if not TENANT_NAME.match(name):
                 raise ValueError("adapter names are 1-64 characters of [A-Za-z0-9._-]")
-            if not _Z85_KEY.match(key):
+            if not Z85_KEY.match(key):
                 raise ValueError(f"the key of adapter {name!r} is not a 40-character Z85 key")
         return value
 
@@ -402,13 +363,6 @@ class Settings(BaseSettings):
         return warnings
 
 
-def _location(loc: tuple[int | str, ...]) -> str:
-    parts = [str(p) for p in loc]
-    if len(parts) > 1 and parts[0] == "tenants":
-        parts[1] = "<api-key>"  # the key of the tenants mapping is a secret
-    return ".".join(parts) or "settings"
-
-
 def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with explicit ``overrides`` taking precedence.
 
@@ -421,7 +375,7 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{_location(err['loc'])}: {err['msg']}" for err in exc.errors(include_input=False)
+            f"{error_location(err['loc'])}: {err['msg']}" for err in exc.errors(include_input=False)
         )
         raise SettingsError(problems) from None
     except SourceError as exc:

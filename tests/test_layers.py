@@ -214,3 +214,16 @@ def test_the_walk_sees_the_whole_house() -> None:
     assert any(t == "service.wire.push" for t, _ in edges["service.push.server"])
     for name in edges:
         _group(name)
+
+
+#: Longest module allowed outside tests (the issue's "small rooms": one job per module).
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = sorted(
+        f"{name}: {lines} lines"
+        for name, path in _modules().items()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    )
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them):\n" + "\n".join(long)

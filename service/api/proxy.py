@@ -58,8 +58,9 @@ from service.api.recorder import Recorder
 from service.api.responses import ResponsesShape
 from service.api.route_shape import RouteShape
 from service.api.runtime import Runtime
-from service.api.segment_tracker import SegmentRefused, SegmentTracker
-from service.api.segments import response_facts
+from service.api.segment_facts import response_facts
+from service.api.segment_lifecycle import SegmentRefused
+from service.api.segment_tracker import SegmentTracker
 from service.api.tenants import TenantResolver
 from service.api.turn_book import CUT, FAILED, OK, Turn, TurnBook
 from service.api.upstream import (

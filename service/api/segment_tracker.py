@@ -18,59 +18,35 @@ finds. The proxy calls
 
 Redis down: no segments, the request goes on (fail open, as the turn itself). Segment ids and
 Redis keys are the sidecar's own and tenant-scoped; a session can only name a parent of its own
-tenant.
+tenant. The lifecycle API's side (spawns, returns, ends) is
+:mod:`service.api.segment_lifecycle`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.api.engine_calls import count_prompt, notify_return
-from service.api.segments import (
-    ResponseFacts,
-    SegmentState,
-    Split,
-    StateDecodeError,
-    split_turn,
-)
+from service.api.engine_calls import count_prompt
+from service.api.segment_facts import ResponseFacts
+from service.api.segment_lifecycle import TREE_DEPTH, SegmentLifecycle, SegmentRefused
+from service.api.segment_state import SegmentState
+from service.api.segments import Split, split_turn
 from service.api.spawns import SpawnFacts, predict
-from service.api.upstream_client import UpstreamClient
-from service.metrics import Metrics
-from service.policy.ranker import WorkerRanker
 from service.policy.segments import SessionRole
-from service.settings import Settings
 from service.state.breaker import StateUnavailable
-from service.state.keys import scoped_session_id
-from service.state.segment_store import SegmentStore
-from service.state.store import StateStore
 from service.wire.segments import SegmentWireError, parse_segment_tags
-from service.wire.session_record import SessionRecord
 
-__all__ = ["PendingTurn", "SegmentRefused", "SegmentTracker"]
+__all__ = ["PendingTurn", "SegmentTracker"]
 
 log = logging.getLogger(__name__)
 
 #: (tenant, model) pairs remembered as reasoning models (a new session of one expects it).
 _MODELS_REMEMBERED = 1024
 _MODEL_NAME_MAX = 256
-#: How deep an ended lead's tree of workers is walked to retire them.
-_TREE_DEPTH = 4
-
-
-class SegmentRefused(Exception):
-    """A request or lifecycle call the segment rules refuse: status, message, code, param."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
 
 
 @dataclass(slots=True)
@@ -86,26 +62,8 @@ class PendingTurn:
     turn: int = 0
 
 
-def _role(name: str) -> SessionRole:
-    return SessionRole.REVIEWER if name == "reviewer" else SessionRole.WORKER
-
-
-class SegmentTracker:
-    def __init__(
-        self,
-        settings: Settings,
-        store: StateStore,
-        upstream: UpstreamClient,
-        metrics: Metrics,
-        ranker: WorkerRanker,
-    ) -> None:
-        self.settings = settings
-        self.sessions = store
-        self.store = SegmentStore(store)
-        self.upstream = upstream
-        self.metrics = metrics
-        self.ranker = ranker
-        self._reasoning_models: OrderedDict[tuple[str, str], None] = OrderedDict()
+class SegmentTracker(SegmentLifecycle):
+    """The proxy's per-turn hooks: :meth:`admit`, :meth:`tags`, :meth:`record`."""
 
     # --- the proxy's hooks -----------------------------------------------------------------
 
@@ -207,7 +165,7 @@ class SegmentTracker:
         try:
             if last_turn and state.role is SessionRole.LEAD:
                 await self.store.delete(pending.tenant, pending.session)
-                await self._retire_children(pending.tenant, pending.session, _TREE_DEPTH)
+                await self._retire_children(pending.tenant, pending.session, TREE_DEPTH)
                 return
             gen_start = facts.prompt_tokens if facts is not None else None
             if gen_start is None and split.gen is not None:
@@ -230,132 +188,6 @@ class SegmentTracker:
             return
         except Exception:
             log.exception("recording a turn's segments failed")
-
-    # --- the lifecycle API ---------------------------------------------------------------
-
-    async def spawn(
-        self,
-        tenant: str,
-        parent: str,
-        worker: str,
-        role: str,
-        spawn: SpawnFacts,
-        parent_record: SessionRecord,
-        now: float,
-    ) -> SegmentState:
-        """A worker spawned through the API: its role, parent and the ranker's prediction."""
-        parent_state = await self._load(tenant, parent)
-        if parent_state is not None and parent_state.returned:
-            raise SegmentRefused(
-                409, f"session {parent!r} has returned; it spawns no workers", "worker_returned"
-            )
-        facts = replace(
-            spawn,
-            parent_turn=parent_record.turn,
-            parent_context_tokens=(
-                parent_state.facts.prompt_tokens or 0
-                if parent_state is not None and parent_state.facts is not None
-                else 0
-            ),
-            session_elapsed_s=max(0.0, now - (parent_record.created_at or now)),
-        )
-        state = SegmentState(
-            role=_role(role),
-            parent=parent,
-            predicted_lifetime_s=predict(self.ranker, facts),
-            expected_tokens=spawn.expected_tokens or None,
-            model=spawn.model,
-        )
-        await self.store.put(tenant, worker, state.to_json(), self.settings.session_ttl_s)
-        return state
-
-    async def check_return(self, tenant: str, worker: str, record: SessionRecord) -> SegmentState:
-        """What a worker's return needs, or :class:`SegmentRefused` (nothing changed)."""
-        state = await self._load(tenant, worker)
-        if state is None:
-            parent = record.parent
-            if parent is None:
-                raise SegmentRefused(
-                    409,
-                    f"session {worker!r} is a lead session; it ends, it does not return",
-                    "not_a_worker",
-                )
-            state = SegmentState(role=_role(record.role or ""), parent=parent)
-        if state.role is SessionRole.LEAD:
-            raise SegmentRefused(
-                409,
-                f"session {worker!r} is a lead session; it ends, it does not return",
-                "not_a_worker",
-            )
-        if state.returned or record.state == "finished":
-            raise SegmentRefused(409, f"worker {worker!r} returned twice", "worker_returned")
-        live = await self._live_children(tenant, record)
-        if live:
-            raise SegmentRefused(
-                409,
-                f"worker {worker!r} cannot return while its own workers {live[:8]} are live",
-                "boundary_order",
-            )
-        return state
-
-    async def returned(
-        self,
-        tenant: str,
-        worker: str,
-        state: SegmentState,
-        turn: int,
-        headers: Sequence[tuple[bytes, bytes]],
-    ) -> bool:
-        """Mark the return (a tombstone until the finished TTL) and tell the engine; returns
-        whether the engine took the notice (False also when it never saw the worker)."""
-        done = replace(state, returned=True)
-        await self.store.put(tenant, worker, done.to_json(), self.settings.finished_ttl_s)
-        if turn <= 0 or not state.model:
-            return False
-        tenure = {
-            "session_id": scoped_session_id(tenant, worker),
-            "turn": turn + 1,
-            "last_turn": True,
-            **self._identity(tenant, state),
-        }
-        return await notify_return(self.upstream, state.model, tenure, headers)
-
-    async def end(
-        self, tenant: str, session: str, turn: int, headers: Sequence[tuple[bytes, bytes]]
-    ) -> None:
-        """The session ended through the API: a lead's state goes; ending a live worker is its
-        return (the engine is told, a tombstone stays)."""
-        try:
-            state = await self._load(tenant, session)
-            if state is None or state.role is SessionRole.LEAD:
-                await self.store.delete(tenant, session)
-                await self._retire_children(tenant, session, _TREE_DEPTH)
-            elif not state.returned:
-                await self.returned(tenant, session, state, turn, headers)
-        except StateUnavailable:
-            return
-
-    # --- internals --------------------------------------------------------------------------
-
-    def _identity(self, tenant: str, state: SegmentState) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": state.role.value}
-        if state.role is not SessionRole.LEAD and state.parent is not None:
-            out["parent_session"] = scoped_session_id(tenant, state.parent)
-            if state.predicted_lifetime_s is not None:
-                out["predicted_lifetime_s"] = state.predicted_lifetime_s
-            if state.expected_tokens is not None:
-                out["expected_tokens"] = state.expected_tokens
-        return out
-
-    async def _load(self, tenant: str, session: str) -> SegmentState | None:
-        raw = await self.store.get(tenant, session)
-        if raw is None:
-            return None
-        try:
-            return SegmentState.from_json(raw)
-        except StateDecodeError:
-            log.warning("unreadable segment state of a session; starting it over")
-            return None
 
     async def _new_state(self, tenant: str, session: str, parent: str | None) -> SegmentState:
         if parent is None:
@@ -393,32 +225,3 @@ class SegmentTracker:
             parent=parent,
             predicted_lifetime_s=predict(self.ranker, facts),
         )
-
-    async def _retire_children(self, tenant: str, session: str, depth: int) -> None:
-        """A lead ended: the engine ends its live workers with it; their states become
-        tombstones that expire with finished sessions (nothing stays for the session TTL)."""
-        if depth <= 0:
-            return
-        record = await self.sessions.get_session(tenant, session)
-        for child in _children(record):
-            state = await self._load(tenant, child)
-            if state is not None and not state.returned:
-                done = replace(state, returned=True)
-                await self.store.put(tenant, child, done.to_json(), self.settings.finished_ttl_s)
-                await self._retire_children(tenant, child, depth - 1)
-
-    async def _live_children(self, tenant: str, record: SessionRecord) -> list[str]:
-        live = []
-        for child in _children(record):
-            child_record = await self.sessions.get_session(tenant, child)
-            if child_record is not None and child_record.state != "finished":
-                child_state = await self._load(tenant, child)
-                if child_state is None or not child_state.returned:
-                    live.append(child)
-        return live
-
-
-def _children(record: SessionRecord | None) -> list[str]:
-    if record is None:
-        return []
-    return record.workers[:1024]

@@ -24,9 +24,9 @@ from service.api.inference import prefix_digests
 from service.api.recorder import PendingTurn, Recorder
 from service.api.route_shape import RouteShape
 from service.api.runtime import Runtime
+from service.api.segment_facts import ResponseFacts, StreamFacts
 from service.api.segment_tracker import PendingTurn as SegmentTurn
 from service.api.segment_tracker import SegmentTracker
-from service.api.segments import ResponseFacts, StreamFacts
 from service.api.turns import TurnForecasts
 from service.metrics import Metrics
 from service.policy import lifecycle, stop_class

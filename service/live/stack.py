@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,9 +117,6 @@ class ABStack(LocalStack):
         cfg = self.config
         assert self.model_path is not None
         return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path),
             "--host", "127.0.0.1",
             "--port", str(cfg.engine_port),
@@ -139,33 +135,31 @@ class ABStack(LocalStack):
             *(("--distributed-executor-backend", "uni") if cfg.in_process_worker else ()),
         ]  # fmt: skip
 
-    def engine_env(self) -> dict[str, str]:
-        from engine_adapter.cpu_engine import CPU_ENGINE_ENV
-
-        # The API server always runs EngineCore in a process of its own (AsyncLLM); the CPU
-        # platform keeps the ``uni`` executor (the model in that process) only where this
-        # switch is off, and forces a worker process of its own otherwise.
-        multiprocessing = "0" if self.config.in_process_worker else "1"
-        return {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing}
-
-    def start_engine(self) -> None:
-        self.launch_engine()
-        self.wait_engine()
-
-    def launch_engine(self) -> None:
-        """Spawn the vLLM server (:meth:`wait_engine` waits until it answers)."""
-        from service.processes import ManagedProcess
-
-        if self.model_path is None:
-            self.ensure_model()
-        self.progress(
+    def engine_banner(self) -> str:
+        return (
             f"starting vLLM (CPU) on {self.engine_url}: host tier {self.config.policy}, "
             f"pool {self.config.gpu_blocks} + host {self.config.host_blocks} blocks of "
             f"{self.config.block_tokens} tokens"
         )
-        self.engine = ManagedProcess(
-            "vllm", self.engine_argv(), self.logs / "vllm.log", env=self.engine_env()
-        )
+
+    def sidecar_env(self) -> dict[str, str]:
+        return {**super().sidecar_env(), **self.config.sidecar_env}
+
+    # --- a start in two steps: launch every process, then wait for them ------------------
+
+    def launch_engine(self) -> None:
+        """Spawn the vLLM server (:meth:`wait_engine` waits until it answers)."""
+        from service.stack.launch import engine_process
+
+        if self.model_path is None:
+            self.ensure_model()
+        self.progress(self.engine_banner())
+        self.engine = engine_process("vllm", self.engine_argv(), self.logs / "vllm.log")
+        if self.config.in_process_worker:
+            # The API server always runs EngineCore in a process of its own (AsyncLLM); the
+            # CPU platform keeps the ``uni`` executor only where this is off (it forces a
+            # worker process otherwise).
+            self.engine.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.engine.start()
 
     def wait_engine(self) -> None:
@@ -176,26 +170,17 @@ class ABStack(LocalStack):
             lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
         )
 
-    def start_sidecar(self) -> None:
-        self.launch_sidecar()
-        self.wait_sidecar()
+    def start_engine(self) -> None:
+        self.launch_engine()
+        self.wait_engine()
 
     def launch_sidecar(self) -> None:
-        from service.processes import ManagedProcess
-        from service.stack import TENURE_ARGV
+        from service.stack.launch import sidecar_process
 
         self.progress(f"starting the Tenure sidecar on {self.proxy_url}")
-        env = {
-            "TENURE_REDIS_URL": self.redis_url,
-            "TENURE_UPSTREAM_URL": self.engine_url,
-            "TENURE_PUSH_ADDR": self.push_addr,
-            "TENURE_PUSH_SNAPSHOT_INTERVAL_S": str(self.config.snapshot_interval_s),
-            "TENURE_DEV_MODE": "true",
-            **self.config.sidecar_env,
-        }
-        argv = [*TENURE_ARGV, "serve", "--dev"]
-        argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
-        self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
+        self.sidecar = sidecar_process(
+            "tenure serve", self.config.proxy_port, self.sidecar_env(), self.logs / "sidecar.log"
+        )
         self.sidecar.start()
 
     def wait_sidecar(self) -> None:

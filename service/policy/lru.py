@@ -106,18 +106,6 @@ class LRUPolicy(TierPolicy):
         self._next_rank += hi - lo
         self._add(run)
 
-    def _resident_pieces(self, run: Run) -> list[Run]:
-        tier = self.tier
-        pieces: list[Run] = []
-        start = run.start
-        for gap in tier.missing([run]):
-            if gap.start > start:
-                pieces.append(Run(run.seg, start, gap.start))
-            start = gap.stop
-        if start < run.stop:
-            pieces.append(Run(run.seg, start, run.stop))
-        return pieces
-
     # --- hooks ------------------------------------------------------------------------------
 
     def on_insert(self, run: Run, now: float) -> None:
@@ -126,7 +114,7 @@ class LRUPolicy(TierPolicy):
     def _rerank(self, runs: Sequence[Run]) -> None:
         # vLLM re-ranks the used resident keys tail to head: the head ends most recent.
         for run in reversed(runs):
-            for piece in reversed(self._resident_pieces(run)):
+            for piece in reversed(self.tier.resident([run])):
                 self._rank_range(piece.seg, piece.start, piece.stop, asc=False)
 
     def on_access(

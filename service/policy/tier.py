@@ -136,6 +136,19 @@ class HostTier:
                 i = k
         return out
 
+    def resident(self, runs: Sequence[Run]) -> list[Run]:
+        """The resident parts of ``runs``, in order (the complement of :meth:`missing`)."""
+        out: list[Run] = []
+        for run in runs:
+            start = run.start
+            for gap in self.missing([run]):
+                if gap.start > start:
+                    out.append(Run(run.seg, start, gap.start))
+                start = gap.stop
+            if start < run.stop:
+                out.append(Run(run.seg, start, run.stop))
+        return out
+
     # --- mutations --------------------------------------------------------------------------
 
     def store(

@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ __all__ = [
     "redis_argv",
     "redis_executable",
     "redis_ping",
+    "require_redis",
     "scrape",
     "start_redis",
 ]
@@ -173,25 +174,51 @@ def redis_executable() -> str | None:
     return shutil.which("redis-server")
 
 
+def require_redis() -> str:
+    """The ``redis-server`` on PATH, or :class:`StackError` saying how to install it."""
+    found = redis_executable()
+    if found is None:
+        raise StackError("redis-server not found on PATH (Debian: apt-get install redis-server)")
+    return found
+
+
 def redis_argv(
-    executable: str, port: int, directory: Path, *, persistent: bool = False
+    executable: str,
+    port: int,
+    directory: Path,
+    *,
+    persistent: bool = False,
+    sentinel_config: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """A loopback ``redis-server`` on ``port`` with its files in ``directory``.
 
     No RDB snapshots; ``persistent`` keeps an fsync-always append-only file, so a killed
     server comes back with everything it acknowledged (what fault tests check).
+    ``sentinel_config``: a Sentinel (``redis-server CONF --sentinel``) with that config file,
+    which it rewrites as it learns the topology, instead of a data node. ``extra``: more
+    directives (``--replicaof``, the cluster's), after these.
     """
+    if sentinel_config is not None:
+        head = [executable, str(sentinel_config), "--sentinel"]
+        data: list[str] = []
+    else:
+        head = [executable]
+        data = [
+            "--save", "",
+            "--appendonly", "yes" if persistent else "no",
+            "--appendfsync", "always",
+            "--protected-mode", "yes",
+        ]  # fmt: skip
     return [
-        executable,
+        *head,
         "--port", str(port),
         "--bind", "127.0.0.1",
         "--dir", str(directory),
-        "--save", "",
-        "--appendonly", "yes" if persistent else "no",
-        "--appendfsync", "always",
+        *data,
         "--daemonize", "no",
-        "--protected-mode", "yes",
         "--loglevel", "warning",
+        *extra,
     ]  # fmt: skip
 
 
@@ -209,9 +236,7 @@ def start_redis(
     port: int, directory: Path, log_path: Path, *, timeout: float = 20.0
 ) -> ManagedProcess:
     """Start a ``redis-server`` as a :class:`ManagedProcess` and wait until it answers."""
-    executable = redis_executable()
-    if executable is None:
-        raise StackError("redis-server not found on PATH (Debian: apt-get install redis-server)")
+    executable = require_redis()
     directory.mkdir(parents=True, exist_ok=True)
     managed = ManagedProcess("redis-server", redis_argv(executable, port, directory), log_path)
     managed.start()

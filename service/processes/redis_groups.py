@@ -18,7 +18,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from service.processes import ManagedProcess, StackError, free_port, redis_executable
+from service.processes import (
+    ManagedProcess,
+    StackError,
+    free_port,
+    redis_argv,
+    redis_ping,
+    require_redis,
+)
 
 __all__ = ["ClusterGroup", "RedisNode", "SentinelGroup", "redis_command"]
 
@@ -54,42 +61,41 @@ def _complete(data: bytes) -> bool:
     return data.endswith(b"\r\n")
 
 
-def _executable() -> str:
-    found = redis_executable()
-    if found is None:
-        raise StackError("redis-server not found on PATH (Debian: apt-get install redis-server)")
-    return found
-
-
 class RedisNode:
     """One ``redis-server`` (data node or Sentinel) with its own directory and log."""
 
-    def __init__(self, name: str, workdir: Path, args: list[str], *, port: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        args: list[str],
+        *,
+        port: int = 0,
+        sentinel_config: Path | None = None,
+    ) -> None:
         self.name = name
         self.port = port or free_port()
         self.directory = workdir / f"{name}-{self.port}"
         self.directory.mkdir(parents=True, exist_ok=True)
+        #: Directives beyond :func:`~service.processes.redis_argv`'s (replication, cluster).
         self.args = args
+        self.sentinel_config = sentinel_config
         self.process: ManagedProcess | None = None
 
     def argv(self) -> list[str]:
-        return [
-            _executable(),
-            *self.args,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.directory),
-            "--daemonize", "no",
-            "--loglevel", "warning",
-        ]  # fmt: skip
+        return redis_argv(
+            require_redis(),
+            self.port,
+            self.directory,
+            sentinel_config=self.sentinel_config,
+            extra=self.args,
+        )
 
     def start(self, timeout: float = 15.0) -> RedisNode:
         if self.running:
             return self
         self.process = ManagedProcess(self.name, self.argv(), self.directory / "log").start()
-        self.process.wait_until(
-            lambda: redis_command(self.port, "PING").startswith("+PONG"), timeout
-        )
+        self.process.wait_until(lambda: redis_ping(self.port), timeout)
         return self
 
     @property
@@ -125,9 +131,8 @@ class SentinelGroup:
     ) -> None:
         self.workdir = workdir
         self.name = name
-        data = ["--save", "", "--appendonly", "no"]
-        self.nodes = [RedisNode("redis-a", workdir, data), RedisNode("redis-b", workdir, data)]
-        self.nodes[1].args = [*data, "--replicaof", "127.0.0.1", str(self.nodes[0].port)]
+        self.nodes = [RedisNode("redis-a", workdir, []), RedisNode("redis-b", workdir, [])]
+        self.nodes[1].args = ["--replicaof", "127.0.0.1", str(self.nodes[0].port)]
         self.sentinels: list[RedisNode] = []
         for i in range(3):
             port = free_port()
@@ -141,7 +146,7 @@ class SentinelGroup:
                 f"sentinel parallel-syncs {name} 1\n"
             )
             self.sentinels.append(
-                RedisNode(f"sentinel-{i}", workdir, [str(conf), "--sentinel"], port=port)
+                RedisNode(f"sentinel-{i}", workdir, [], port=port, sentinel_config=conf)
             )
 
     @property
@@ -240,8 +245,7 @@ class SentinelGroup:
         """Start a killed node again as a replica of the current master (Sentinel would
         reconfigure it too; saying so at once avoids it accepting writes meanwhile)."""
         master = self.master()
-        data = ["--save", "", "--appendonly", "no"]
-        node.args = [*data, "--replicaof", "127.0.0.1", str(master.port)]
+        node.args = ["--replicaof", "127.0.0.1", str(master.port)]
         node.start()
 
     @staticmethod
@@ -280,7 +284,6 @@ class ClusterGroup:
                 "--cluster-node-timeout", "2000",
                 # The bus defaults to port + 10000, which fails above 55535: pick one free.
                 "--cluster-port", str(free_port()),
-                "--save", "", "--appendonly", "no",
             ]  # fmt: skip
             self.nodes.append(RedisNode(f"cluster-{i}", workdir, args, port=port))
 

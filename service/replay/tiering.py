@@ -234,7 +234,7 @@ class LowerTier(TierIO):
             before, start = self.uses.bump(run)
             due.extend(pieces(run.seg, start, before == need - 1))
         if due:
-            resident = self._resident_pieces(self.dram, due)
+            resident = self.dram.resident(due)
             through = [p for p in resident if self.route(p.seg) is Route.WRITE_THROUGH]
             if through:
                 self._write(through, sid, "through")

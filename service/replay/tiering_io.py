@@ -168,18 +168,6 @@ class TierIO:
                 else:
                     self.counters["fast_dropped_blocks"] += run.blocks
 
-    def _resident_pieces(self, tier: HostTier, runs: Sequence[Run]) -> list[Run]:
-        out: list[Run] = []
-        for run in runs:
-            start = run.start
-            for gap in tier.missing([run]):
-                if gap.start > start:
-                    out.append(Run(run.seg, start, gap.start))
-                start = gap.stop
-            if start < run.stop:
-                out.append(Run(run.seg, start, run.stop))
-        return out
-
     def lookup(
         self, runs: Sequence[Run], gpu_hit: int, session: str, now: float
     ) -> tuple[int, int]:

@@ -11,7 +11,6 @@ metrics) runs on a laptop with no GPU and no download.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
@@ -28,13 +27,11 @@ from service.processes import (
     scrape,
     start_redis,
 )
+from service.stack.launch import TENURE_ARGV, engine_process, start_sidecar
 
 __all__ = ["TENURE_ARGV", "LocalStack", "StackConfig", "running_stack"]
 
 Progress = Callable[[str], None]
-
-#: ``tenure ...`` with this interpreter (the console script may not be on PATH).
-TENURE_ARGV = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())"]
 
 
 @dataclass
@@ -58,9 +55,9 @@ class StackConfig:
     #: (gpu_blocks - 1) * 128: the longest context the small pool can hold.
     max_model_len: int = 640
     engine_timeout_s: float = 240.0
-    #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     #: Use this Redis instead of starting one (e.g. a test's server).
     external_redis_url: str | None = None
+    #: Push-channel cadence inside the engine (fast, so a demo sees its counters at once).
     report_interval_s: float = 0.5
     hello_interval_s: float = 1.0
     snapshot_interval_s: float = 2.0
@@ -132,43 +129,52 @@ class LocalStack:
             },
         )
 
-    def start_engine(self) -> None:
-        from engine_adapter.cpu_engine import CPU_ENGINE_ENV, server_args
+    def engine_argv(self) -> list[str]:
+        """The vLLM server's arguments (after ``python -m ...api_server``)."""
+        from engine_adapter.cpu_engine import server_args
 
-        model = self.model_path or self.ensure_model()
-        args = server_args(
-            str(model),
+        assert self.model_path is not None
+        return server_args(
+            str(self.model_path),
             self.config.engine_port,
             gpu_blocks=self.config.gpu_blocks,
             transfer=self.engine_transfer_config(),
             max_model_len=self.config.max_model_len,
         )
-        self.progress(
+
+    def engine_banner(self) -> str:
+        return (
             f"starting vLLM (CPU) with the Tenure adapter on {self.engine_url} "
             f"(policy {self.config.policy}; ~30 s)"
         )
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
-        # EngineCore in its own process, as in production (a test process may have set the
-        # in-process mode for its own engines).
-        env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-        self.engine = ManagedProcess("vllm", argv, self.logs / "vllm.log", env=env)
+
+    def start_engine(self) -> None:
+        if self.model_path is None:
+            self.ensure_model()
+        self.progress(self.engine_banner())
+        self.engine = engine_process("vllm", self.engine_argv(), self.logs / "vllm.log")
         self.engine.start().wait_until(
             lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
         )
 
-    def start_sidecar(self) -> None:
-        self.progress(f"starting the Tenure sidecar on {self.proxy_url} (push {self.push_addr})")
-        env = {
+    def sidecar_env(self) -> dict[str, str]:
+        return {
             "TENURE_REDIS_URL": self.redis_url,
             "TENURE_UPSTREAM_URL": self.engine_url,
             "TENURE_PUSH_ADDR": self.push_addr,
             "TENURE_PUSH_SNAPSHOT_INTERVAL_S": str(self.config.snapshot_interval_s),
-            "TENURE_DEV_MODE": "true",
         }
-        argv = [*TENURE_ARGV, "serve", "--dev"]
-        argv += ["--port", str(self.config.proxy_port), "--log-level", "warning"]
-        self.sidecar = ManagedProcess("tenure serve", argv, self.logs / "sidecar.log", env=env)
-        self.sidecar.start().wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)
+
+    def start_sidecar(self) -> None:
+        self.progress(f"starting the Tenure sidecar on {self.proxy_url} (push {self.push_addr})")
+        self.sidecar = start_sidecar(
+            "tenure serve", self.config.proxy_port, self.sidecar_env(), self.logs / "sidecar.log"
+        )
+
+    @property
+    def uses_adapter(self) -> bool:
+        """Whether the engine runs the Tenure adapter (which reports on the push channel)."""
+        return True
 
     def start(self) -> LocalStack:
         self.config.workdir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +185,8 @@ class LocalStack:
             # The sidecar binds the push channel first, so the adapter connects at once.
             self.start_sidecar()
             self.start_engine()
-            self.wait_for_adapter()
+            if self.uses_adapter:
+                self.wait_for_adapter()
         except BaseException:
             self.stop()
             raise

@@ -31,7 +31,7 @@ from service.processes import (
     start_redis,
 )
 from service.processes.redis_groups import SentinelGroup
-from service.stack import TENURE_ARGV
+from service.stack.launch import engine_process, start_sidecar
 
 __all__ = ["MultiStack", "MultiStackConfig"]
 
@@ -131,15 +131,12 @@ class MultiStack:
                 self.engine_id(e) for e in range(self.config.engines)
             ),
             "TENURE_REDIS_RETRY_AFTER_S": str(self.config.redis_retry_after_s),
-            "TENURE_DEV_MODE": "true",
             **self.config.sidecar_env,
         }
-        argv = [*TENURE_ARGV, "serve", "--dev", "--port", str(self.sidecar_ports[i])]
-        argv += ["--log-level", "warning"]
         self.progress(f"starting sidecar-{i} on {self.sidecar_url(i)}")
-        process = ManagedProcess(f"sidecar-{i}", argv, self.logs / f"sidecar-{i}.log", env=env)
-        self.sidecars[i] = process
-        process.start().wait_until(lambda: http_ok(f"{self.sidecar_url(i)}/healthz"), 60)
+        self.sidecars[i] = start_sidecar(
+            f"sidecar-{i}", self.sidecar_ports[i], env, self.logs / f"sidecar-{i}.log"
+        )
 
     def ensure_model(self) -> Path:
         from service.tools.tiny_model import ensure_tiny_model
@@ -159,11 +156,7 @@ class MultiStack:
             ]
             process = ManagedProcess(f"engine-{i}", argv, log)
         else:
-            from engine_adapter.cpu_engine import (
-                CPU_ENGINE_ENV,
-                kv_transfer_config,
-                server_args,
-            )
+            from engine_adapter.cpu_engine import kv_transfer_config, server_args
 
             model = self.model_path or self.ensure_model()
             transfer = kv_transfer_config(
@@ -183,9 +176,7 @@ class MultiStack:
                 transfer=transfer,
                 max_model_len=self.config.max_model_len,
             )
-            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
-            env = {**CPU_ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-            process = ManagedProcess(f"engine-{i}", argv, log, env=env)
+            process = engine_process(f"engine-{i}", args, log)
         self.progress(f"starting engine-{i} on {self.engine_url(i)}")
         self.engines[i] = process.start()
         if wait:

@@ -62,7 +62,7 @@ def _client(settings: Settings) -> redis.Redis:
     import redis
     from redis.sentinel import Sentinel
 
-    from service.settings import parse_sentinels
+    from service.settings_values import parse_sentinels
 
     url = settings.redis_url.get_secret_value()
     if not settings.redis_sentinels:

@@ -7,18 +7,15 @@ import json
 
 import pytest
 
-from service.api.segments import (
-    MAX_SPANS,
+from service.api.segment_facts import (
     ResponseFacts,
-    SegmentState,
-    Span,
-    StateDecodeError,
     StreamFacts,
     carried_reasoning,
     reasoning_digest,
     response_facts,
-    split_turn,
 )
+from service.api.segment_state import MAX_SPANS, SegmentState, Span, StateDecodeError
+from service.api.segments import split_turn
 from service.policy.segments import SegmentClass, SessionRole
 from service.wire.segments import parse_segment_tags
 

@@ -1,0 +1,229 @@
+"""Segment tracking's session lifecycle: workers spawned and returned through the API, sessions
+ended, a lead's live workers retired with it; the per-session state these share.
+
+:class:`SegmentLifecycle` is the base of :class:`~service.api.segment_tracker.SegmentTracker`
+(the proxy's per-turn hooks). Refusals are :class:`SegmentRefused` (status, message, code,
+param), answered by the routes in the API's own error style. Segment ids and Redis keys are the
+sidecar's own and tenant-scoped; a session can only name a parent of its own tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from service.api.engine_calls import notify_return
+from service.api.segment_state import SegmentState, StateDecodeError
+from service.api.spawns import SpawnFacts, predict
+from service.api.upstream_client import UpstreamClient
+from service.metrics import Metrics
+from service.policy.ranker import WorkerRanker
+from service.policy.segments import SessionRole
+from service.settings import Settings
+from service.state.breaker import StateUnavailable
+from service.state.keys import scoped_session_id
+from service.state.segment_store import SegmentStore
+from service.state.store import StateStore
+from service.wire.session_record import SessionRecord
+
+__all__ = ["TREE_DEPTH", "SegmentLifecycle", "SegmentRefused"]
+
+log = logging.getLogger(__name__)
+
+#: How deep an ended lead's tree of workers is walked to retire them.
+TREE_DEPTH = 4
+
+
+class SegmentRefused(Exception):
+    """A request or lifecycle call the segment rules refuse: status, message, code, param."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+def _role(name: str) -> SessionRole:
+    return SessionRole.REVIEWER if name == "reviewer" else SessionRole.WORKER
+
+
+class SegmentLifecycle:
+    """Spawns, returns and ends through the API, and the state they share with the proxy's
+    hooks (:class:`~service.api.segment_tracker.SegmentTracker`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StateStore,
+        upstream: UpstreamClient,
+        metrics: Metrics,
+        ranker: WorkerRanker,
+    ) -> None:
+        self.settings = settings
+        self.sessions = store
+        self.store = SegmentStore(store)
+        self.upstream = upstream
+        self.metrics = metrics
+        self.ranker = ranker
+        #: (tenant, model) pairs seen to reason, most recent last (the per-turn hooks' memory).
+        self._reasoning_models: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    # --- the lifecycle API ---------------------------------------------------------------
+
+    async def spawn(
+        self,
+        tenant: str,
+        parent: str,
+        worker: str,
+        role: str,
+        spawn: SpawnFacts,
+        parent_record: SessionRecord,
+        now: float,
+    ) -> SegmentState:
+        """A worker spawned through the API: its role, parent and the ranker's prediction."""
+        parent_state = await self._load(tenant, parent)
+        if parent_state is not None and parent_state.returned:
+            raise SegmentRefused(
+                409, f"session {parent!r} has returned; it spawns no workers", "worker_returned"
+            )
+        facts = replace(
+            spawn,
+            parent_turn=parent_record.turn,
+            parent_context_tokens=(
+                parent_state.facts.prompt_tokens or 0
+                if parent_state is not None and parent_state.facts is not None
+                else 0
+            ),
+            session_elapsed_s=max(0.0, now - (parent_record.created_at or now)),
+        )
+        state = SegmentState(
+            role=_role(role),
+            parent=parent,
+            predicted_lifetime_s=predict(self.ranker, facts),
+            expected_tokens=spawn.expected_tokens or None,
+            model=spawn.model,
+        )
+        await self.store.put(tenant, worker, state.to_json(), self.settings.session_ttl_s)
+        return state
+
+    async def check_return(self, tenant: str, worker: str, record: SessionRecord) -> SegmentState:
+        """What a worker's return needs, or :class:`SegmentRefused` (nothing changed)."""
+        state = await self._load(tenant, worker)
+        if state is None:
+            parent = record.parent
+            if parent is None:
+                raise SegmentRefused(
+                    409,
+                    f"session {worker!r} is a lead session; it ends, it does not return",
+                    "not_a_worker",
+                )
+            state = SegmentState(role=_role(record.role or ""), parent=parent)
+        if state.role is SessionRole.LEAD:
+            raise SegmentRefused(
+                409,
+                f"session {worker!r} is a lead session; it ends, it does not return",
+                "not_a_worker",
+            )
+        if state.returned or record.state == "finished":
+            raise SegmentRefused(409, f"worker {worker!r} returned twice", "worker_returned")
+        live = await self._live_children(tenant, record)
+        if live:
+            raise SegmentRefused(
+                409,
+                f"worker {worker!r} cannot return while its own workers {live[:8]} are live",
+                "boundary_order",
+            )
+        return state
+
+    async def returned(
+        self,
+        tenant: str,
+        worker: str,
+        state: SegmentState,
+        turn: int,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> bool:
+        """Mark the return (a tombstone until the finished TTL) and tell the engine; returns
+        whether the engine took the notice (False also when it never saw the worker)."""
+        done = replace(state, returned=True)
+        await self.store.put(tenant, worker, done.to_json(), self.settings.finished_ttl_s)
+        if turn <= 0 or not state.model:
+            return False
+        tenure = {
+            "session_id": scoped_session_id(tenant, worker),
+            "turn": turn + 1,
+            "last_turn": True,
+            **self._identity(tenant, state),
+        }
+        return await notify_return(self.upstream, state.model, tenure, headers)
+
+    async def end(
+        self, tenant: str, session: str, turn: int, headers: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        """The session ended through the API: a lead's state goes; ending a live worker is its
+        return (the engine is told, a tombstone stays)."""
+        try:
+            state = await self._load(tenant, session)
+            if state is None or state.role is SessionRole.LEAD:
+                await self.store.delete(tenant, session)
+                await self._retire_children(tenant, session, TREE_DEPTH)
+            elif not state.returned:
+                await self.returned(tenant, session, state, turn, headers)
+        except StateUnavailable:
+            return
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _identity(self, tenant: str, state: SegmentState) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": state.role.value}
+        if state.role is not SessionRole.LEAD and state.parent is not None:
+            out["parent_session"] = scoped_session_id(tenant, state.parent)
+            if state.predicted_lifetime_s is not None:
+                out["predicted_lifetime_s"] = state.predicted_lifetime_s
+            if state.expected_tokens is not None:
+                out["expected_tokens"] = state.expected_tokens
+        return out
+
+    async def _load(self, tenant: str, session: str) -> SegmentState | None:
+        raw = await self.store.get(tenant, session)
+        if raw is None:
+            return None
+        try:
+            return SegmentState.from_json(raw)
+        except StateDecodeError:
+            log.warning("unreadable segment state of a session; starting it over")
+            return None
+
+    async def _retire_children(self, tenant: str, session: str, depth: int) -> None:
+        """A lead ended: the engine ends its live workers with it; their states become
+        tombstones that expire with finished sessions (nothing stays for the session TTL)."""
+        if depth <= 0:
+            return
+        record = await self.sessions.get_session(tenant, session)
+        for child in _children(record):
+            state = await self._load(tenant, child)
+            if state is not None and not state.returned:
+                done = replace(state, returned=True)
+                await self.store.put(tenant, child, done.to_json(), self.settings.finished_ttl_s)
+                await self._retire_children(tenant, child, depth - 1)
+
+    async def _live_children(self, tenant: str, record: SessionRecord) -> list[str]:
+        live = []
+        for child in _children(record):
+            child_record = await self.sessions.get_session(tenant, child)
+            if child_record is not None and child_record.state != "finished":
+                child_state = await self._load(tenant, child)
+                if child_state is None or not child_state.returned:
+                    live.append(child)
+        return live
+
+
+def _children(record: SessionRecord | None) -> list[str]:
+    if record is None:
+        return []
+    return record.workers[:1024]
