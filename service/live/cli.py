@@ -137,6 +137,36 @@ def _load_slice(path: Path, spec: Any) -> Any:
     return build_workload(load_claude_code(path), spec)
 
 
+def _engine_speeds(results: dict[str, Any], arms: list[str], profile: Any) -> dict[str, Any]:
+    """Each arm's engine speed beside the profile's; said, with a warning where the simulated
+    columns are out of their calibrated regime."""
+    from service.live.speed import REGIME_FACTOR, engine_speed, out_of_regime
+
+    speeds = {name: engine_speed(results[name].engine, profile) for name in arms}
+    for name, speed in speeds.items():
+        live, model = speed["prefill_tokens_per_s"], speed["profile_prefill_tokens_per_s"]
+        if live and model:
+            _say(
+                f"{name}: the engine prefilled {live:,.0f} tokens/s (profile {profile.name}: "
+                f"{model:,.0f}); decode step "
+                + (
+                    f"{speed['decode_step_s'] * 1e3:.1f} ms "
+                    f"(profile {speed['profile_decode_step_s'] * 1e3:.1f} ms)"
+                    if speed["decode_step_s"]
+                    else "not measured"
+                )
+            )
+        off = out_of_regime(speed)
+        speed["out_of_regime"] = bool(off)
+        if off:
+            _say(
+                f"warning: {name}'s engine ran more than {REGIME_FACTOR:g}x off the profile "
+                f"({'; '.join(off)}): its simulated columns are out of their calibrated "
+                "regime (a loaded machine?), compare them with care"
+            )
+    return speeds
+
+
 def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
     from service.policy import policy_class
 
@@ -235,6 +265,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             args, arms, params, sizing, cache, root, (work, etrace, schedule), _say, ENGINE_DEFAULTS
         )
         live = {name: report.live_arm(results[name], etrace) for name in arms}
+        speeds = _engine_speeds(results, arms, profile)
         print()
         print(report.table(live, simulated))
         delta = report.paired_delta(results[arms[1]], results[arms[0]])
@@ -296,6 +327,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             },
             "arms": live,
             "simulated": simulated,
+            "engine_speed": speeds,
             "paired_delta": delta,
             "series": {
                 name: [
