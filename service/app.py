@@ -150,7 +150,7 @@ def create_app(
         )
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push, recorder=recorder, segments=segments,
+            clock=clock, push=push, recorder=recorder, segments=segments, turns=proxy.turns,
         )  # fmt: skip
         app.state.proxy = proxy
         # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.

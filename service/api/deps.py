@@ -19,6 +19,7 @@ from service.api.recorder import Recorder
 from service.api.runtime import Runtime
 from service.api.segment_tracker import SegmentTracker
 from service.api.tenants import TenantResolver, bearer_token
+from service.api.turn_book import TurnBook
 from service.metrics import Metrics
 from service.push.server import PushServer
 from service.settings import Settings, TenantSpec
@@ -91,6 +92,13 @@ class Services:
     recorder: Recorder | None = None
     #: Segment tracking (``TENURE_SEGMENTS``); None when off.
     segments: SegmentTracker | None = None
+    #: The proxy's turn bookkeeping (its end-of-turn writes in flight).
+    turns: TurnBook | None = None
+
+    async def settled(self, tenant: str, session: str) -> None:
+        """Wait for ``session``'s answered turn to be recorded (bounded; see TurnBook)."""
+        if self.turns is not None:
+            await self.turns.settled(tenant, session)
 
 
 def get_services(request: Request) -> Services:

@@ -70,6 +70,7 @@ async def _transition(
     extra: Extra | None = None,
 ) -> SessionView:
     """Apply ``decide(record, now) -> LifecycleDecision`` to one session, publish, return it."""
+    await svc.settled(tenant.name, session)
     now = svc.clock()
     outcome: dict[str, Any] = {}
 
@@ -119,6 +120,7 @@ async def worker_return(session_id: SessionId, svc: Svc, tenant: Tenant) -> Sess
     409 for a lead session (it ends, it does not return), a worker that has returned already
     (on this route, or on a request marked as its last turn), or one whose own workers are live.
     """
+    await svc.settled(tenant.name, session_id)
     record = await svc.store.get_session(tenant.name, session_id)
     if record is None:
         raise _not_found(session_id)
@@ -237,6 +239,7 @@ async def spawn_worker(
     session_id: SessionId, spawn: WorkerSpawn, svc: Svc, tenant: Tenant
 ) -> SessionView:
     """Spawn a sub-agent session whose parent is this one; returns the worker's session."""
+    await svc.settled(tenant.name, session_id)
     now = svc.clock()
     parent = await svc.store.get_session(tenant.name, session_id)
     if parent is None:
@@ -299,6 +302,7 @@ async def spawn_worker(
 
 @router.get("/{session_id}", response_model=SessionView)
 async def get_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> SessionView:
+    await svc.settled(tenant.name, session_id)
     record = await svc.store.get_session(tenant.name, session_id)
     if record is None:
         raise _not_found(session_id)

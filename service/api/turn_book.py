@@ -132,6 +132,8 @@ class TurnBook:
         self._pending: set[asyncio.Task[Any]] = set()
         #: ``(tenant, answer id)`` -> the end-of-turn write that will record its session.
         self.answers_pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: ``(tenant, session)`` -> its latest turn's end-of-turn write, while in flight.
+        self.ends_pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._forecasts = TurnForecasts() if settings.early_forward else None
         self._early = {
             outcome: metrics.early_forwards.labels(outcome)
@@ -267,12 +269,28 @@ class TurnBook:
             self.recorder.answered(turn.record, turn.tenant, turn.answer_id, turn.usage or {})
         task = self._loop.create_task(self._record_turn_end(turn, outcome))
         self.keep(task)
+        # The answer has gone out before its record is written; a lifecycle call that follows
+        # it (GET the session, end, suspend) waits for the write first (see ``settled``).
+        session_key = (turn.tenant, turn.session)
+        self.ends_pending[session_key] = task
+        task.add_done_callback(lambda t: self._forget_end(session_key, t))
         if turn.answer_id is not None and outcome != FAILED:
             # A client may chain to this answer before its record is written: see
             # Proxy._chained.
             key = (turn.tenant, turn.answer_id)
             self.answers_pending[key] = task
             task.add_done_callback(lambda _t: self.answers_pending.pop(key, None))
+
+    def _forget_end(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self.ends_pending.get(key) is task:
+            del self.ends_pending[key]
+
+    async def settled(self, tenant: str, session: str, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) for the end-of-turn write of ``session``'s answered turn, so that
+        what a client does after an answer sees that turn recorded (read your own writes)."""
+        task = self.ends_pending.get((tenant, session))
+        if task is not None:
+            await asyncio.wait({task}, timeout=timeout_s)
 
     async def _record_turn_end(self, turn: Turn, outcome: str) -> None:
         start = turn.start

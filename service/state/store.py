@@ -8,6 +8,8 @@ so when Redis is down callers get :class:`StateUnavailable` at once (and fail op
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -243,8 +245,14 @@ class StateStore(SamplesAndConfig):
         """Read-modify-write one existing session, retrying if another writer got in first.
 
         Returns the record as read (before the update) and the decision's sequence number.
+        A writer that lost the race waits a random, growing moment before it reads again:
+        without it, writers that collided once (16 spawns under one parent) read and lose
+        together again, and one of them ran out of attempts (a 503 for a spawn whose worker
+        was already created).
         """
-        for _ in range(attempts):
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0.0, min(0.05, 0.002 * 2**attempt)))
             record = await self.get_session(tenant, session)
             if record is None:
                 raise SessionNotFound(session)

@@ -60,6 +60,8 @@ def sidecar_port(redis_url: str) -> Iterator[int]:
         upstream_url="http://engine.test",
         admin_token="deploy-test-token",
         push_addr="",
+        # Sessions by state are sampled every 5th refresh: each second here, not each 10 s.
+        refresh_interval_s=0.2,
     )
     app = create_app(settings, upstream_transport=httpx.MockTransport(_engine))
     port = free_port()
@@ -148,6 +150,14 @@ def _wait_for(url: str, expr: str, timeout_s: float = 30) -> list[dict[str, Any]
     return poll(lambda: _query(url, expr), timeout_s, interval_s=0.5)
 
 
+def _suspended_in_sidecar(port: int) -> bool:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return any(
+        line.startswith('tenure_sessions{state="suspended"}') and float(line.split()[-1]) > 0
+        for line in text.splitlines()
+    )
+
+
 def _dashboard_exprs(repo: Path) -> list[str]:
     exprs: list[str] = []
     for path in sorted((repo / "deploy" / "grafana" / "dashboards").glob("*.json")):
@@ -156,26 +166,33 @@ def _dashboard_exprs(repo: Path) -> list[str]:
     return exprs
 
 
-def test_rules_and_dashboards_run_on_real_scrapes(prometheus: str, repo: Path) -> None:
+def test_rules_and_dashboards_run_on_real_scrapes(
+    prometheus: str, sidecar_port: int, repo: Path
+) -> None:
     up = _wait_for(prometheus, 'up{job="tenure-sidecar"} == 1')
     assert up, "the sidecar was never scraped"
     requests = _wait_for(prometheus, 'tenure_requests_total{route="chat"}')
     assert sum(float(r["value"][1]) for r in requests) >= 3
-    sessions = _wait_for(prometheus, 'tenure_sessions{state="suspended"} > 0', timeout_s=20)
+    # The sidecar's own gauge first (its sampling), then the scrape that carries it.
+    gauge = 'tenure_sessions{state="suspended"}'
+    sampled = poll(lambda: _suspended_in_sidecar(sidecar_port), 60, interval_s=0.2)
+    assert sampled, "the sidecar's sessions-by-state gauge never showed the suspended session"
+    sessions = _wait_for(prometheus, f"{gauge} > 0", timeout_s=60)
     assert sessions, "sessions by state never showed the suspended session"
 
     for expr in _dashboard_exprs(repo):
         _query(prometheus, expr.replace("$__rate_interval", "1m").replace("$instance", ".*"))
 
     # Every rule group has been evaluated, and no rule failed to evaluate.
-    deadline = time.monotonic() + 20
-    while True:
+    def evaluated() -> list[dict[str, Any]]:
         groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
         rules = [rule for group in groups for rule in group["rules"]]
-        if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules):
-            break
-        assert time.monotonic() < deadline, "rules were not evaluated"
-        time.sleep(0.5)
+        done = rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules)
+        return groups if done else []
+
+    groups = poll(evaluated, 60, interval_s=0.5)
+    assert groups, "rules were not evaluated"
+    rules = [rule for group in groups for rule in group["rules"]]
     assert {g["name"] for g in groups} == {"tenure.recording", "tenure.alerts"}
     assert all(rule["health"] == "ok" for rule in rules), [
         (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"

@@ -271,3 +271,25 @@ def test_concurrent_updates_lose_nothing(client, sidecar):
     assert codes == [201] * 16
     workers = client.get("/v1/sessions/hub").json()["workers"]
     assert sorted(workers) == sorted(f"hub.w{i}" for i in range(16))
+
+
+def test_a_call_after_the_answer_sees_its_turn_recorded(sidecar_factory, monkeypatch):
+    """The end-of-turn write runs after the answer has gone out; a lifecycle call that follows
+    the answer waits for it (here the write is held back 0.3 s), so a harness reading its
+    session after the last turn reads it finished."""
+    import asyncio
+
+    from service.api.turn_book import TurnBook
+
+    original = TurnBook._record_turn_end
+
+    async def late(self, turn, outcome):
+        await asyncio.sleep(0.3)
+        await original(self, turn, outcome)
+
+    monkeypatch.setattr(TurnBook, "_record_turn_end", late)
+    server = sidecar_factory()
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        headers = {"X-Tenure-Session": "late", "X-Tenure-Last-Turn": "true"}
+        assert http.post(CHAT, json=_chat(), headers=headers).status_code == 200
+        assert http.get("/v1/sessions/late").json()["state"] == "finished"
