@@ -15,7 +15,8 @@ a request: a Redis error drops the turn.
 
 A Responses request that continues a stored answer carries only its new input; its pieces go
 on from the pieces of the request that answer came from (:meth:`Recorder.answered` keeps
-them, per tenant, for the last :data:`MAX_CONTINUATIONS` answers of this replica). A chained
+them, per tenant, for the last :data:`MAX_CONTINUATIONS` answers of this replica, at most
+:data:`MAX_CONTINUATION_PIECES` pieces in all). A chained
 request whose answer this replica never saw (another replica's, or one older than that) is
 recorded from its own input alone: its token counts stay right, its prefix sharing is lost.
 
@@ -26,8 +27,10 @@ replica: each replica is switched where the call lands). The export
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
+from array import array
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -48,7 +51,14 @@ from service.record.events import (
     request_bytes,
 )
 
-__all__ = ["MAX_CONTINUATIONS", "PendingTurn", "RecordStatus", "Recorder", "usage_tokens"]
+__all__ = [
+    "MAX_CONTINUATIONS",
+    "MAX_CONTINUATION_PIECES",
+    "PendingTurn",
+    "RecordStatus",
+    "Recorder",
+    "usage_tokens",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +75,10 @@ return 1
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(RecordedTurn).decode
 _PAGE = 1000
-#: Answers whose request pieces a replica keeps for the requests that continue them.
+#: Answers whose request pieces a replica keeps for the requests that continue them, and the
+#: most pieces kept for them in all (8 bytes each: 8 MiB), oldest answer forgotten first.
 MAX_CONTINUATIONS = 4096
+MAX_CONTINUATION_PIECES = 1 << 20
 #: An answer's size in the prompt that continues it, per output token (its text is not seen).
 _ANSWER_BYTES_PER_TOKEN = 4
 
@@ -91,10 +103,14 @@ def usage_tokens(route: str, usage: Mapping[str, int] | None) -> tuple[int | Non
 class _Continuation:
     """What a request that continues an answer goes on from."""
 
-    head: bytes
-    chunks: list[int]
+    head: bytes  # digest of the head its pieces were hashed under
+    chunks: array[int]
     answer: str
     answer_tokens: int
+
+
+def _head_digest(head: bytes) -> bytes:
+    return hashlib.blake2b(head, digest_size=16).digest()
 
 
 @dataclass(slots=True)
@@ -108,8 +124,8 @@ class PendingTurn:
     last_turn: bool
     expected_gap_s: float | None
     route: str = "chat"
-    #: Responses: the head the pieces were hashed under (instructions, tools) and the stored
-    #: conversation the request continues, for :meth:`Recorder.answered`.
+    #: Responses: a digest of the head the pieces were hashed under (model, instructions,
+    #: tools) and the stored conversation the request continues, for :meth:`Recorder.answered`.
     head: bytes = b""
     continues: str | None = None
 
@@ -148,6 +164,7 @@ class Recorder:
         self._append = client.register_script(_APPEND)
         #: ``(tenant, "resp:<answer id>" | "conv:<conversation id>")`` -> what continues it.
         self._continuations: OrderedDict[tuple[str, str], _Continuation] = OrderedDict()
+        self._continuation_pieces = 0
 
     # --- the proxy's hook ------------------------------------------------------------------
 
@@ -180,9 +197,10 @@ class Recorder:
     def _begin_response(self, payload: dict[str, Any], hints: Hints, tenant: str) -> PendingTurn:
         head_items, items = responses.recorded_items(payload)
         head = request_bytes(payload.get("model"), head_items)
+        digest = _head_digest(head)
         continues = responses.continued(payload)
         before = None if continues is None else self._continuations.get((tenant, continues))
-        if before is None or before.head != head or not before.chunks:
+        if before is None or before.head != digest or not before.chunks:
             # A new conversation (or one this replica never saw answered): its own bytes.
             data = head + item_bytes(items)
             chunks = prefix_chunks(data, self.chunk_bytes)
@@ -193,11 +211,12 @@ class Recorder:
             answer = f"answer {before.answer}".encode()
             answer = answer.ljust(max(len(answer), before.answer_tokens * _ANSWER_BYTES_PER_TOKEN))
             more = answer + item_bytes(items)
-            chunks = before.chunks + prefix_chunks(more, self.chunk_bytes, before.chunks[-1])
+            chunks = before.chunks.tolist()
+            chunks += prefix_chunks(more, self.chunk_bytes, chunks[-1])
             del chunks[MAX_CHUNKS:]
             # The canonical export counts every piece but the last as chunk_bytes long.
             size = len(before.chunks) * self.chunk_bytes + len(more)
-        return self._pending(chunks, size, hints, "responses", head=head, continues=continues)
+        return self._pending(chunks, size, hints, "responses", head=digest, continues=continues)
 
     def answered(
         self, pending: PendingTurn, tenant: str, answer_id: str | None, usage: Mapping[str, int]
@@ -212,13 +231,20 @@ class Recorder:
         if not keys:
             return
         entry = _Continuation(
-            pending.head, pending.chunks, answer_id or keys[0], max(1, completion or 1)
+            pending.head, array("q", pending.chunks), answer_id or keys[0], max(1, completion or 1)
         )
+        book = self._continuations
         for key in keys:
-            self._continuations[(tenant, key)] = entry
-            self._continuations.move_to_end((tenant, key))
-        while len(self._continuations) > MAX_CONTINUATIONS:
-            self._continuations.popitem(last=False)
+            old = book.pop((tenant, key), None)
+            if old is not None:
+                self._continuation_pieces -= len(old.chunks)
+            book[(tenant, key)] = entry
+            self._continuation_pieces += len(entry.chunks)
+        while book and (
+            len(book) > MAX_CONTINUATIONS or self._continuation_pieces > MAX_CONTINUATION_PIECES
+        ):
+            _key, gone = book.popitem(last=False)
+            self._continuation_pieces -= len(gone.chunks)
 
     async def finish(
         self,

@@ -346,7 +346,8 @@ def _text_words(content: Any) -> int:
 def _anthropic_words(body: Any) -> int:
     if not isinstance(body, dict):
         return 0
-    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    given = body.get("messages")
+    messages: list[Any] = given if isinstance(given, list) else []
     return _text_words(body.get("system")) + sum(
         _text_words(m.get("content")) for m in messages if isinstance(m, dict)
     )

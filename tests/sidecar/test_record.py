@@ -229,3 +229,38 @@ def test_messages_and_responses_turns_are_recorded_and_replay(
     results = json.loads(replayed.read_text())["results"]
     assert {name: r["turns"] for name, r in results.items()} == {"lru": 5, "tenure": 5}
     assert results["lru"]["prefill_tokens"] > 0
+
+
+def test_responses_continuations_stay_per_tenant_and_bounded(monkeypatch: Any) -> None:
+    """A chained Responses request continues only its own tenant's answer, and what a
+    replica keeps for continuations is bounded (oldest answers go first)."""
+    from service.api import recorder as rec
+    from service.api.hints import Hints
+
+    class _Client:
+        def register_script(self, script: str) -> None:
+            return None
+
+    r = rec.Recorder(
+        _Client(), "t", enabled=True, max_bytes=1 << 20, chunk_bytes=256,  # type: ignore[arg-type]
+        clock=time.time,
+    )  # fmt: skip
+    first = {"model": "m", "instructions": "i", "input": "w " * 400}
+    pending = r.begin(first, Hints(), "responses", "alpha")
+    assert pending is not None
+    r.answered(pending, "alpha", "resp_1", {"input": 400, "output": 3})
+    chained = {"model": "m", "instructions": "i", "input": "more", "previous_response_id": "resp_1"}
+    mine = r.begin(chained, Hints(), "responses", "alpha")
+    theirs = r.begin(chained, Hints(), "responses", "beta")
+    assert mine is not None and theirs is not None
+    assert mine.chunks[: len(pending.chunks)] == pending.chunks  # goes on from its answer
+    assert theirs.chunks[0] != pending.chunks[0]  # another tenant's answer is not continued
+    # Other instructions: a different prompt, not a continuation.
+    other = r.begin({**chained, "instructions": "j"}, Hints(), "responses", "alpha")
+    assert other is not None and other.chunks[0] != pending.chunks[0]
+    monkeypatch.setattr(rec, "MAX_CONTINUATION_PIECES", 3 * len(pending.chunks))
+    for i in range(10):
+        r.answered(pending, "alpha", f"resp_x{i}", {"output": 3})
+    assert len(r._continuations) == 3
+    assert r._continuation_pieces == 3 * len(pending.chunks)
+    assert ("alpha", "resp:resp_1") not in r._continuations  # the oldest went first
