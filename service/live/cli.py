@@ -137,12 +137,22 @@ def _load_slice(path: Path, spec: Any) -> Any:
     return build_workload(load_claude_code(path), spec)
 
 
-def _engine_speeds(results: dict[str, Any], arms: list[str], profile: Any) -> dict[str, Any]:
+def _engine_speeds(
+    results: dict[str, Any], sims: dict[str, Any], etrace: Any, profile: Any
+) -> dict[str, Any]:
     """Each arm's engine speed beside the profile's; said, with a warning where the simulated
     columns are out of their calibrated regime."""
-    from service.live.speed import REGIME_FACTOR, engine_speed, out_of_regime
+    from service.live.speed import (
+        REGIME_FACTOR,
+        engine_speed,
+        out_of_regime,
+        simulated_decode_step,
+    )
 
-    speeds = {name: engine_speed(results[name].engine, profile) for name in arms}
+    speeds = {
+        name: engine_speed(run.engine, profile, simulated_decode_step(sims[name], etrace))
+        for name, run in results.items()
+    }
     for name, speed in speeds.items():
         live, model = speed["prefill_tokens_per_s"], speed["profile_prefill_tokens_per_s"]
         if live and model:
@@ -151,8 +161,8 @@ def _engine_speeds(results: dict[str, Any], arms: list[str], profile: Any) -> di
                 f"{model:,.0f}); decode step "
                 + (
                     f"{speed['decode_step_s'] * 1e3:.1f} ms "
-                    f"(profile {speed['profile_decode_step_s'] * 1e3:.1f} ms)"
-                    if speed["decode_step_s"]
+                    f"(simulated {speed['profile_decode_step_s'] * 1e3:.1f} ms)"
+                    if speed["decode_step_s"] and speed["profile_decode_step_s"]
                     else "not measured"
                 )
             )
@@ -265,7 +275,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             args, arms, params, sizing, cache, root, (work, etrace, schedule), _say, ENGINE_DEFAULTS
         )
         live = {name: report.live_arm(results[name], etrace) for name in arms}
-        speeds = _engine_speeds(results, arms, profile)
+        speeds = _engine_speeds(results, sims, etrace, profile)
         print()
         print(report.table(live, simulated))
         delta = report.paired_delta(results[arms[1]], results[arms[0]])

@@ -11,8 +11,10 @@ same work:
   first token); the profile's figure is one step over the arm's mean computed tokens per
   request, attending to its mean cached context. Prefills that share a step count that step
   once each, so a busy engine's figure is a lower bound;
-* decode: the requests' decode time / their output tokens after the first; the profile's
-  figure is one decode step at the mean prompt length.
+* decode: the requests' decode time (first token to last) / their output tokens after the
+  first; the profile's figure is the same ratio in the simulated arm (completion - first
+  token, over the same calls' output tokens after the first), so decode steps shared with
+  other calls' prefills count alike on both sides.
 
 A speed more than :data:`REGIME_FACTOR` times off the profile's, either way, is flagged.
 """
@@ -24,8 +26,10 @@ from typing import Any
 
 from service.live.arm import sum_metric
 from service.replay.hardware import HardwareProfile
+from service.replay.model import Trace
+from service.replay.results import RunResult
 
-__all__ = ["REGIME_FACTOR", "engine_speed", "out_of_regime"]
+__all__ = ["REGIME_FACTOR", "engine_speed", "out_of_regime", "simulated_decode_step"]
 
 #: How far (either way) a live speed may be from the profile's before the simulated columns
 #: are flagged as out of their calibrated regime.
@@ -33,9 +37,24 @@ REGIME_FACTOR = 2.0
 _BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
 
-def engine_speed(engine: Mapping[str, float], profile: HardwareProfile) -> dict[str, Any]:
+def simulated_decode_step(run: RunResult, trace: Trace) -> float | None:
+    """Seconds per output token after the first in a simulated arm (``None``: no decode)."""
+    seconds = 0.0
+    tokens = 0
+    for i, session in enumerate(run.turn_session):
+        extra = trace.sessions[session].turns[run.turn_index[i]].output_tokens - 1
+        if extra > 0:
+            seconds += run.jct_s[i] - run.ttft_s[i]
+            tokens += extra
+    return seconds / tokens if tokens else None
+
+
+def engine_speed(
+    engine: Mapping[str, float], profile: HardwareProfile, simulated_decode_s: float | None
+) -> dict[str, Any]:
     """The arm's measured speeds and the profile's for the same work (``None`` where the
-    engine's metrics had nothing to measure)."""
+    engine's metrics had nothing to measure); ``simulated_decode_s`` is
+    :func:`simulated_decode_step` of the arm's simulated run."""
     computed = sum_metric(engine, _BY_SOURCE, source="local_compute")
     cached = sum_metric(engine, _BY_SOURCE, source="local_cache_hit") + sum_metric(
         engine, _BY_SOURCE, source="external_kv_transfer"
@@ -63,8 +82,7 @@ def engine_speed(engine: Mapping[str, float], profile: HardwareProfile) -> dict[
         out["profile_prefill_tokens_per_s"] = tokens / step
     if decode_s > 0 and decoded > 0:
         out["decode_step_s"] = decode_s / decoded
-        prompt = context + new
-        out["profile_decode_step_s"] = profile.step_seconds(1, prompt, prompt)
+        out["profile_decode_step_s"] = simulated_decode_s
     return out
 
 

@@ -94,16 +94,9 @@ def test_out_of_regime_flags_a_speed_more_than_twice_off_the_profile() -> None:
         "vllm:request_prefill_time_seconds_count": 10.0,
         "vllm:generation_tokens_total": 110.0,
     }
-    model = engine_speed(
-        {
-            **metrics,
-            "vllm:request_prefill_time_seconds_sum": 1.0,
-            "vllm:request_decode_time_seconds_sum": 1.0,
-        },
-        profile,
-    )
+    step = 0.01  # the simulated arm's decode step
+    model = engine_speed({**metrics, "vllm:request_prefill_time_seconds_sum": 1.0}, profile, step)
     at_model = model["profile_prefill_tokens_per_s"]
-    step = model["profile_decode_step_s"]
     # The profile's own speeds are in the regime; a third of them (or triple) is not.
     for prefill_s, decode_s, off in (
         (10_000 / at_model, 100 * step, 0),
@@ -117,10 +110,11 @@ def test_out_of_regime_flags_a_speed_more_than_twice_off_the_profile() -> None:
                 "vllm:request_decode_time_seconds_sum": decode_s,
             },
             profile,
+            step,
         )
         assert speed["requests"] == 10
         assert len(out_of_regime(speed)) == off, speed
-    assert engine_speed({}, profile)["prefill_tokens_per_s"] is None
+    assert engine_speed({}, profile, step)["prefill_tokens_per_s"] is None
 
 
 @pytest.mark.timeout(700)
