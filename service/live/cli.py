@@ -5,7 +5,9 @@ flags are checked, the slice is cut and scaled (:mod:`service.live.workload`), t
 host tier are sized by the pressure rule (:mod:`service.live.sizing`), both arms are simulated
 (their predicted duration is the budget check); then the arms run one after the other on the
 same arrival schedule, each on its own fresh Redis, sidecar and engine, started before the arm
-and stopped after it (the last one stays up with ``--keep-running``).
+and stopped after it (the last one stays up with ``--keep-running``). ``--quick`` starts both
+arms' stacks together before the first arm, with the model in each EngineCore process
+(:mod:`service.live.runs`), and says so.
 """
 
 from __future__ import annotations
