@@ -11,7 +11,7 @@ import pytest
 from benchmarks import sdk as bench
 
 
-def test_bench_reports_every_figure(tmp_path: Path) -> None:
+def test_bench_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     bench.configure(parser)
     out = tmp_path / "sdk.json"
@@ -21,7 +21,9 @@ def test_bench_reports_every_figure(tmp_path: Path) -> None:
     assert result["calls_per_round"] == 10
     for key in ("direct_us_per_call", "sdk_us_per_call", "hint_building_us_per_call"):
         assert result[key] > 0, key
-    # The three figures are each rounded to 0.01 us (so each is off by up to 0.005): the
-    # difference of the rounded two is within 0.015 of the rounded added figure.
-    added = result["sdk_us_per_call"] - result["direct_us_per_call"]
-    assert result["added_us_per_call"] == pytest.approx(added, abs=0.015 + 1e-9)
+    # The added figure is the bench's own subtraction, so re-deriving it here would only
+    # repeat the code; what a reader relies on is that the printed table shows the figures
+    # the JSON holds.
+    printed = capsys.readouterr().out
+    assert f"{result['added_us_per_call']:9.1f} us/call" in printed
+    assert f"{result['hint_building_us_per_call']:9.2f} us/call" in printed
