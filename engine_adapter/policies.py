@@ -7,25 +7,12 @@ use through this module's ``__getattr__`` (the factory calls ``getattr(module, c
 
 from __future__ import annotations
 
-import re
 from functools import cache
 
 from engine_adapter.policy import TenureCachePolicy
+from engine_adapter.policy_names import VLLM_BUILTINS, class_name_for, vllm_name_for
 
-__all__ = ["class_name_for", "policy_class_for", "vllm_name_for"]
-
-#: vLLM's built-in policy names; a core policy of the same name is registered with this prefix.
-VLLM_BUILTINS = frozenset({"lru", "arc"})
-_PREFIX = "tenure-"
-
-
-def vllm_name_for(core_name: str) -> str:
-    """The ``eviction_policy`` name under which ``core_name`` is selectable in vLLM."""
-    return _PREFIX + core_name if core_name in VLLM_BUILTINS else core_name
-
-
-def class_name_for(core_name: str) -> str:
-    return "Tenure_" + re.sub(r"\W", "_", core_name)
+__all__ = ["VLLM_BUILTINS", "class_name_for", "policy_class_for", "vllm_name_for"]
 
 
 @cache

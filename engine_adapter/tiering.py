@@ -29,6 +29,13 @@ Configure it as a secondary tier (the plugin registers the type, no ``module_pat
 ``ssd_capacity_bytes`` feeds the projection and the capacity gauge; it is not a limit (the
 ``fs`` tier has no eviction: deleting closed segments is what bounds its size here).
 
+With a push address (``"push_addr"`` in the tier's entry, or env ``TENURE_PUSH_ADDR``) the
+tier also reports the same accounting to the sidecar over the push channel
+(:mod:`engine_adapter.placement_push`, every ``push_interval_s``, default 1 s), under
+``engine_id`` (env ``TENURE_ENGINE_ID``, the id ``TENURE_PUSH_ENGINE_IDS`` lists at the
+sidecar; default: host, pid and a random suffix); the sidecar exports it as
+``tenure_placement_*`` metrics. ``"push_addr": ""`` turns it off.
+
 Only placements that never cascade on eviction are accepted (vLLM 0.32 tells a secondary tier
 nothing about primary evictions): ``write-through`` (vLLM's own behaviour, with accounting) and
 ``lachesis-wt`` (the default).
@@ -45,8 +52,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from vllm.v1.kv_offload.base import (
-    OffloadingCounterMetadata,
-    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -56,8 +61,10 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
+from engine_adapter.placement_push import PlacementPusher, PlacementTotals
 from engine_adapter.segment_book import UNTAGGED, SegmentBook
 from engine_adapter.tiering_names import METRICS, TIER_TYPE
+from engine_adapter.tiering_stats import metric_definitions, placement_totals
 from service.policy.endurance import Endurance, WriteRateMeter
 from service.policy.placement import UnknownPlacementError, create_placement
 
@@ -97,6 +104,9 @@ class TenureFsTier(FileSystemTierManager):
         locality: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
         placement: str = "lachesis-wt",
+        push_addr: str | None = None,
+        push_interval_s: float = 1.0,
+        engine_id: str | None = None,
         **endurance: Any,
     ) -> None:
         try:
@@ -160,6 +170,20 @@ class TenureFsTier(FileSystemTierManager):
         self._inflight_keys: Counter[OffloadKey] = Counter()
         self._doomed: set[OffloadKey] = set()
         self._done_local: list[JobResult] = []
+        self.deleted_files = 0
+        self.pusher: PlacementPusher | None = None
+        addr = os.environ.get("TENURE_PUSH_ADDR", "") if push_addr is None else push_addr
+        if addr:
+            interval = _number({"push_interval_s": push_interval_s}, "push_interval_s", 1.0)
+            assert interval is not None
+            ident = engine_id or os.environ.get("TENURE_ENGINE_ID") or None
+            self.pusher = PlacementPusher(
+                str(addr),
+                self.placement_totals,
+                adapter_id=ident,
+                interval_s=interval,
+            )
+            self.pusher.start()
 
     # --- vLLM metric definitions -----------------------------------------------------------
 
@@ -167,42 +191,7 @@ class TenureFsTier(FileSystemTierManager):
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
-        return {
-            METRICS.WRITE_BYTES: OffloadingCounterMetadata(
-                documentation="KV bytes written per offload tier (dram, ssd) and segment class; "
-                "ssd bytes as measured on the filesystem.",
-                labelnames=("tier", "segment_class"),
-            ),
-            METRICS.KEPT_OFF_SSD_BYTES: OffloadingCounterMetadata(
-                documentation="KV bytes stored in DRAM that placement kept off the SSD tier.",
-                labelnames=("segment_class",),
-            ),
-            METRICS.DELETED_BYTES: OffloadingCounterMetadata(
-                documentation="SSD-tier bytes deleted because their segment closed.",
-                labelnames=("segment_class",),
-            ),
-            METRICS.ERRORS: OffloadingCounterMetadata(
-                documentation="Malformed segment tags or impossible boundaries (request served "
-                "without segments), by kind.",
-                labelnames=("kind",),
-            ),
-            METRICS.SSD_USED_BYTES: OffloadingGaugeMetadata(
-                documentation="Bytes of KV files this tier wrote and has not deleted."
-            ),
-            METRICS.SSD_CAPACITY_BYTES: OffloadingGaugeMetadata(
-                documentation="Configured SSD tier capacity in bytes (0: not configured)."
-            ),
-            METRICS.SSD_WRITE_RATE: OffloadingGaugeMetadata(
-                documentation="SSD write rate, bytes/s (exponentially weighted)."
-            ),
-            METRICS.SSD_DEVICE_YEARS: OffloadingGaugeMetadata(
-                documentation="Projected SSD lifetime in years at the current write rate, 24x7 "
-                "(rated endurance over write rate; -1: endurance not configured or no writes)."
-            ),
-            METRICS.SSD_WARRANTY_YEARS: OffloadingGaugeMetadata(
-                documentation="The SSD's warranty period in years (0: not configured)."
-            ),
-        }
+        return metric_definitions()
 
     # --- request lifecycle -------------------------------------------------------------------
 
@@ -319,6 +308,7 @@ class TenureFsTier(FileSystemTierManager):
                 log.warning("tenure: cannot delete %s: %s", path, exc)
                 continue
             del self._file_bytes[key]
+            self.deleted_files += 1
             label = self.book.deleted(key, True)
             self.ssd_used_bytes -= size
             self.totals[(METRICS.DELETED_BYTES, (label,))] += size
@@ -354,6 +344,20 @@ class TenureFsTier(FileSystemTierManager):
             "open_segments": self.book.open_segments(),
             "files_referenced": self.book.files_tracked(),
         }
+
+    @property
+    def ssd_files(self) -> int:
+        return len(self._file_bytes)
+
+    def placement_totals(self) -> PlacementTotals:
+        """A copy of the counters and the gauges, safe to take from the push thread."""
+        return placement_totals(self)
+
+    def shutdown(self) -> None:
+        if self.pusher is not None:
+            self.pusher.stop()
+            self.pusher = None
+        super().shutdown()
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (

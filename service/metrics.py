@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.metrics_retention import RetentionMetrics
 from service.policy.types import EvictionClass
-from service.wire.push import ResidencyReport, ResumeOutcome
+from service.wire.push import (
+    PLACEMENT_CLASSES,
+    PLACEMENT_TIERS,
+    PlacementReport,
+    ResidencyReport,
+    ResumeOutcome,
+)
 
 __all__ = ["OTHER", "LabelBudget", "Metrics"]
 
@@ -22,6 +28,8 @@ __all__ = ["OTHER", "LabelBudget", "Metrics"]
 OTHER = "other"
 _LABEL_TEXT = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _EVICTION_CLASSES = frozenset(c.value for c in EvictionClass)
+_PLACEMENT_TIERS = frozenset(PLACEMENT_TIERS)
+_PLACEMENT_CLASSES = frozenset(PLACEMENT_CLASSES)
 
 
 class LabelBudget:
@@ -243,6 +251,51 @@ class Metrics:
             "tenure_adapter_sessions_tracked", "Sessions an adapter tracks", ["adapter"],
             registry=r,
         )  # fmt: skip
+        # SSD-tier placement (tenure-fs tiers' reports), per adapter: an engine's own SSD.
+        self.placement_write_bytes = Counter(
+            "tenure_placement_write_bytes",
+            "KV bytes written per offload tier (dram, ssd) and segment class, by adapter; ssd "
+            "bytes as measured on the filesystem",
+            ["adapter", "tier", "segment_class"], registry=r,
+        )  # fmt: skip
+        self.placement_kept_off_ssd_bytes = Counter(
+            "tenure_placement_kept_off_ssd_bytes",
+            "KV bytes stored in DRAM that placement kept off the SSD tier, by segment class",
+            ["adapter", "segment_class"], registry=r,
+        )  # fmt: skip
+        self.placement_deleted_bytes = Counter(
+            "tenure_placement_deleted_bytes",
+            "SSD-tier bytes deleted because their segment closed, by segment class",
+            ["adapter", "segment_class"], registry=r,
+        )  # fmt: skip
+        self.placement_deleted_files = Counter(
+            "tenure_placement_deleted_files", "SSD-tier files deleted at segment boundaries",
+            ["adapter"], registry=r,
+        )  # fmt: skip
+        self.placement_ssd_used_bytes = Gauge(
+            "tenure_placement_ssd_used_bytes", "Bytes of KV files on the SSD tier",
+            ["adapter"], registry=r,
+        )  # fmt: skip
+        self.placement_ssd_files = Gauge(
+            "tenure_placement_ssd_files", "KV files on the SSD tier", ["adapter"], registry=r
+        )
+        self.placement_ssd_capacity_bytes = Gauge(
+            "tenure_placement_ssd_capacity_bytes",
+            "Configured SSD tier capacity (0: not configured)", ["adapter"], registry=r,
+        )  # fmt: skip
+        self.placement_ssd_write_rate = Gauge(
+            "tenure_placement_ssd_write_rate_bytes_per_second",
+            "SSD write rate (exponentially weighted)", ["adapter"], registry=r,
+        )  # fmt: skip
+        self.placement_ssd_device_years = Gauge(
+            "tenure_placement_ssd_projected_device_years",
+            "Projected SSD lifetime at the current write rate, 24x7 (-1: not configured or "
+            "nothing written)", ["adapter"], registry=r,
+        )  # fmt: skip
+        self.placement_ssd_warranty_years = Gauge(
+            "tenure_placement_ssd_warranty_years",
+            "The SSD's warranty period (0: not configured)", ["adapter"], registry=r,
+        )  # fmt: skip
         #: The online retention controller's gauges and the resume outcomes.
         self.retention = RetentionMetrics(r)
         #: Set by the app: prices and counts the resume outcomes adapters report.
@@ -285,6 +338,35 @@ class Metrics:
             self.adapter_resident_bytes.labels(adapter, self._tier_label(tier)).set(resident)
         self.adapter_sessions_tracked.labels(adapter).set(report.sessions_tracked)
 
+    def record_placement(self, report: PlacementReport, adapter: str) -> None:
+        """One tier's placement report under ``adapter`` (a label the caller has bounded).
+        Tier and class names outside the known sets share ``other``: the sender's text is not
+        a label. Negative deltas are ignored (counters only rise)."""
+        for tier, by_class in report.write_bytes.items():
+            tier_label = tier if tier in _PLACEMENT_TIERS else OTHER
+            for cls, n in by_class.items():
+                if n > 0:
+                    self.placement_write_bytes.labels(adapter, tier_label, _cls(cls)).inc(n)
+        for cls, n in report.kept_off_ssd_bytes.items():
+            if n > 0:
+                self.placement_kept_off_ssd_bytes.labels(adapter, _cls(cls)).inc(n)
+        for cls, n in report.deleted_bytes.items():
+            if n > 0:
+                self.placement_deleted_bytes.labels(adapter, _cls(cls)).inc(n)
+        if report.deleted_files > 0:
+            self.placement_deleted_files.labels(adapter).inc(report.deleted_files)
+        self.placement_ssd_used_bytes.labels(adapter).set(max(0, report.ssd_used_bytes))
+        self.placement_ssd_files.labels(adapter).set(max(0, report.ssd_files))
+        self.placement_ssd_capacity_bytes.labels(adapter).set(max(0, report.ssd_capacity_bytes))
+        self.placement_ssd_write_rate.labels(adapter).set(
+            max(0.0, report.ssd_write_rate_bytes_per_s)
+        )
+        years = report.projected_device_years
+        self.placement_ssd_device_years.labels(adapter).set(
+            -1.0 if years is None or not years >= 0 else years
+        )
+        self.placement_ssd_warranty_years.labels(adapter).set(max(0.0, report.ssd_warranty_years))
+
     def count_decision(self, kind: str, reason: str) -> None:
         # Reasons name a role the client chose for spawned workers: bounded like any label.
         self.decisions.labels(kind, self._reason_label(reason)).inc()
@@ -292,6 +374,10 @@ class Metrics:
     def set_sessions(self, by_state: Mapping[str, int]) -> None:
         for state in ("active", "idle", "suspended", "finished"):
             self.sessions.labels(state).set(by_state.get(state, 0))
+
+
+def _cls(value: str) -> str:
+    return value if value in _PLACEMENT_CLASSES else OTHER
 
 
 def _add(counter: Counter, delta: int) -> None:

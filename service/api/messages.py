@@ -35,7 +35,7 @@ from starlette.responses import Response
 
 from service.api.dialects import Found, retention_seconds, session_key
 from service.api.inference import prefix_digests
-from service.api.route_shape import Prepared, RouteInputError, TurnScan
+from service.api.route_shape import Prepared, RouteInputError, TurnScan, usage_fields
 from service.api.upstream import stream_cut_reason
 from service.api.upstream_client import UpstreamError
 
@@ -46,12 +46,17 @@ __all__ = [
     "ReasoningSpan",
     "anthropic_error",
     "inspect",
+    "recorded_items",
     "session_from_user_id",
 ]
 
 _encode = msgspec.json.Encoder().encode
 _STOP = re.compile(rb'"stop_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _TOOL = re.compile(rb'"type"\s*:\s*"tool_use"[^{}]{0,400}?"name"\s*:\s*"([^"\\]{1,128})"')
+#: The usage counts of a Messages answer (streamed: ``message_start`` and ``message_delta``).
+_USAGE = re.compile(
+    rb'"((?:cache_read_|cache_creation_)?input_tokens|output_tokens)"\s*:\s*([0-9]{1,12})'
+)
 _CLAUDE_CODE_SESSION = re.compile(r"_session_([A-Za-z0-9][A-Za-z0-9-]{7,127})$")
 #: Anthropic's error ``type`` by status.
 _KINDS = {
@@ -230,6 +235,24 @@ def _unmarked(content: object) -> object:
     ]
 
 
+def recorded_items(payload: Mapping[str, Any]) -> list[Any]:
+    """What a recording hashes for this request's prefix structure, in prompt order: the
+    tools, the system prompt, the messages, without ``cache_control`` markers."""
+    items: list[Any] = []
+    tools = payload.get("tools")
+    if isinstance(tools, list) and tools:
+        items.append({"tools": _unmarked(tools)})
+    system = payload.get("system")
+    if system is not None:
+        items.append({"system": _unmarked(system)})
+    for message in payload.get("messages") or ():
+        if isinstance(message, dict):
+            items.append(
+                {"role": message.get("role"), "content": _unmarked(message.get("content"))}
+            )
+    return items
+
+
 def digests_of(payload: Mapping[str, Any]) -> list[str]:
     messages: Sequence[Any] = payload.get("messages") or []
     chain: list[Any] = []
@@ -269,6 +292,8 @@ class MessagesShape:
         stop = answer.get("stop_reason")
         if isinstance(stop, str):
             turn.stop_reason = stop
+        if turn.recording:
+            turn.usage = usage_fields(answer.get("usage"))
         for block in answer.get("content") or ():
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 name = block.get("name")
@@ -284,6 +309,12 @@ class MessagesShape:
             found = _TOOL.search(chunk)
             if found is not None:
                 turn.tool = found.group(1).decode(errors="replace")
+        if turn.recording and b'"usage"' in chunk:
+            # message_start has the input counts, message_delta the final output count.
+            usage = turn.usage if turn.usage is not None else {}
+            for key, value in _USAGE.findall(chunk):
+                usage[key.decode().removesuffix("_tokens")] = int(value)
+            turn.usage = usage
 
     def stream_error(self, exc: UpstreamError) -> bytes:
         # Anthropic's own error event: the official clients raise on it.

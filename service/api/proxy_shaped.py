@@ -31,6 +31,7 @@ from service.api.proxy_bodies import (
     unauthorized,
     wanted_headers,
 )
+from service.api.recorder import Recorder
 from service.api.responses import stored_response_id
 from service.api.route_shape import RouteInputError, RouteShape
 from service.api.segment_facts import StreamFacts
@@ -61,6 +62,7 @@ class ShapedRoutes:
     tenants: TenantResolver
     turns: TurnBook
     segments: SegmentTracker | None
+    recorder: Recorder | None
     _upstream_auth: str | None
     _drop_client_auth: bool
     _dialect_events: dict[tuple[str, str, str], Any]
@@ -138,6 +140,8 @@ class ShapedRoutes:
             if turn is not None:
                 turn.shape = shape
                 turn.info = prepared.info
+                if self.recorder is not None:
+                    turn.record = self.recorder.begin(payload, hints, route, tenant.name)
             body = self._rewrite(payload, turn, hints)
         except HintError as exc:
             self.metrics.hint_rejections.labels(exc.label).inc()

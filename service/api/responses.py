@@ -28,11 +28,11 @@ from starlette.responses import Response
 
 from service.api.dialects import Found, session_key
 from service.api.errors import openai_error
-from service.api.route_shape import Prepared, RouteInputError, TurnScan
+from service.api.route_shape import Prepared, RouteInputError, TurnScan, usage_fields
 from service.api.upstream import stream_cut_reason
 from service.api.upstream_client import UpstreamError
 
-__all__ = ["ResponsesShape", "stored_response_id"]
+__all__ = ["ResponsesShape", "continued", "recorded_items", "stored_response_id"]
 
 _MAX_ID = 256
 _ID = re.compile(rb'"id"\s*:\s*"(resp[_-][A-Za-z0-9_-]{1,200})"')
@@ -40,6 +40,8 @@ _TOOL_CALL = re.compile(
     rb'"type"\s*:\s*"(?:function_call|custom_tool_call|mcp_call)"[^{}]{0,400}?'
     rb'"name"\s*:\s*"([^"\\]{1,128})"'
 )
+#: The usage counts of a Responses answer (streamed: in the final ``response`` object).
+_USAGE = re.compile(rb'"(input_tokens|output_tokens)"\s*:\s*([0-9]{1,12})')
 _TOOL_TYPES = frozenset({"function_call", "custom_tool_call", "mcp_call", "computer_call"})
 
 
@@ -72,6 +74,39 @@ def _conversation(payload: Mapping[str, Any]) -> str | None:
     if not isinstance(value, str) or not value or len(value) > _MAX_ID:
         raise RouteInputError("conversation", "conversation must be an id or {'id': ...}")
     return value
+
+
+def recorded_items(payload: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """What a recording hashes for this request's prefix structure: the head (the
+    instructions and tools, which lead the prompt) and the input items (a string input is
+    one user message)."""
+    head: list[Any] = []
+    for key in ("instructions", "tools"):
+        if payload.get(key):
+            head.append({key: payload[key]})
+    given = payload.get("input")
+    if isinstance(given, str):
+        items: list[Any] = [{"role": "user", "content": given}]
+    elif isinstance(given, list):
+        items = given
+    else:
+        items = []
+    return head, items
+
+
+def continued(payload: Mapping[str, Any]) -> str | None:
+    """The stored conversation a request continues, as a recording names it (``resp:`` an
+    answer id, ``conv:`` a conversation id); ``None``: it starts one. Checked by
+    :meth:`ResponsesShape.prepare` before a recording reads it."""
+    chain = payload.get("previous_response_id")
+    if isinstance(chain, str) and chain:
+        return f"resp:{chain}"
+    conversation = payload.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    if isinstance(conversation, str) and conversation:
+        return f"conv:{conversation}"
+    return None
 
 
 class ResponsesShape:
@@ -121,6 +156,8 @@ class ResponsesShape:
                     turn.tool = name[:128]
                 break
         turn.stop_reason = stop
+        if turn.recording:
+            turn.usage = usage_fields(answer.get("usage"))
 
     def scan_chunk(self, turn: TurnScan, chunk: bytes) -> None:
         if turn.answer_id is None and b'"id"' in chunk:
@@ -138,6 +175,10 @@ class ResponsesShape:
                 turn.stop_reason = "max_tokens"
             elif b"response.completed" in chunk:
                 turn.stop_reason = "stop"
+        if turn.recording and b'"usage"' in chunk:
+            counts = _USAGE.findall(chunk)
+            if counts:
+                turn.usage = {k.decode().removesuffix("_tokens"): int(v) for k, v in counts}
 
     def stream_error(self, exc: UpstreamError) -> bytes:
         # The Responses API's ``error`` event: the official clients raise on it.

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from service.api.dialects import NOTHING, Found
 from service.api.upstream_client import UpstreamError
 
-__all__ = ["NOTHING", "Prepared", "RouteInputError", "RouteShape", "TurnScan"]
+__all__ = ["NOTHING", "Prepared", "RouteInputError", "RouteShape", "TurnScan", "usage_fields"]
 
 
 class RouteInputError(ValueError):
@@ -58,6 +58,24 @@ class TurnScan(Protocol):
     stop_reason: str | None
     tool: str | None
     answer_id: str | None
+    #: The answer's usage fields, named as the route names them less ``_tokens`` (read only
+    #: while :attr:`recording`).
+    usage: dict[str, int] | None
+
+    @property
+    def recording(self) -> bool: ...
+
+
+def usage_fields(usage: object) -> dict[str, int] | None:
+    """An answer's ``usage`` object as a recording keeps it (its integer counts, named
+    without ``_tokens``); ``None`` if it has none."""
+    if not isinstance(usage, dict):
+        return None
+    return {
+        k.removesuffix("_tokens"): v
+        for k, v in usage.items()
+        if k.endswith("_tokens") and isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 class RouteShape(Protocol):
@@ -77,7 +95,7 @@ class RouteShape(Protocol):
         ...
 
     def scan_body(self, turn: TurnScan, content: bytes) -> None:
-        """Read the stop reason (and tool, answer id) of a whole answer."""
+        """Read the stop reason (and tool, answer id, usage) of a whole answer."""
         ...
 
     def scan_chunk(self, turn: TurnScan, chunk: bytes) -> None:

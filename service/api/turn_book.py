@@ -95,6 +95,11 @@ class Turn:
         if self.record is not None and b'"usage"' in chunk:
             self.usage = {k.decode(): int(v) for k, v in _USAGE.findall(chunk)}
 
+    @property
+    def recording(self) -> bool:
+        """Whether the answer's usage is wanted (the turn is being recorded)."""
+        return self.record is not None
+
 
 def _clean_tool(name: str | None) -> str:
     if not name:
@@ -259,6 +264,9 @@ class TurnBook:
         if turn.segments is not None and outcome == OK and self.segments is not None:
             facts = turn.facts if turn.stream is None else turn.stream.facts()
             self.keep(self.segments.record(turn.segments, facts, last_turn=turn.hints.last_turn))
+        if turn.record is not None and self.recorder is not None and outcome != FAILED:
+            # Now, not in the task below: a request continuing this answer may come first.
+            self.recorder.answered(turn.record, turn.tenant, turn.answer_id, turn.usage or {})
         task = self._loop.create_task(self._record_turn_end(turn, outcome))
         self.keep(task)
         # The answer has gone out before its record is written; a lifecycle call that follows

@@ -276,8 +276,17 @@ class RelayResponse(_RelayedHeaders):
             self._error = exc
             await send({"type": "http.response.body", "body": self._error_event(exc)})
             return STREAM_UPSTREAM_CUT
+        # The answer is whole: its turn ends now, before the stream's last frame lets the
+        # client go on (a Responses client continues the answer at once, and the sidecar
+        # must already know whose answer it is).
+        self._complete(STREAM_DONE)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return STREAM_DONE
+
+    def _complete(self, outcome: str) -> None:
+        on_complete, self._on_complete = self._on_complete, None  # once
+        if on_complete is not None:
+            on_complete(outcome, self._error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = STREAM_CLIENT_GONE
@@ -300,5 +309,4 @@ class RelayResponse(_RelayedHeaders):
             # Closing the upstream response drops its connection: vLLM sees the disconnect
             # and aborts the generation.
             await self._upstream.close()
-            if self._on_complete is not None:
-                self._on_complete(outcome, self._error)
+            self._complete(outcome)

@@ -68,6 +68,9 @@ class ArmResult:
     logs: Path | None = None
     proxy_url: str = ""
     engine_url: str = ""
+    #: Share of a core the stacks still waiting for their arm used while this one ran
+    #: (``--quick`` starts every arm's stack at once; ``None``: none were waiting).
+    waiting_cpu_share: float | None = None
 
 
 def prepare_stack(config: ABStackConfig, say: Say) -> ABStack:

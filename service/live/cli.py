@@ -5,7 +5,9 @@ flags are checked, the slice is cut and scaled (:mod:`service.live.workload`), t
 host tier are sized by the pressure rule (:mod:`service.live.sizing`), both arms are simulated
 (their predicted duration is the budget check); then the arms run one after the other on the
 same arrival schedule, each on its own fresh Redis, sidecar and engine, started before the arm
-and stopped after it (the last one stays up with ``--keep-running``).
+and stopped after it (the last one stays up with ``--keep-running``). ``--quick`` starts both
+arms' stacks together before the first arm, with the model in each EngineCore process
+(:mod:`service.live.runs`), and says so.
 """
 
 from __future__ import annotations
@@ -116,6 +118,67 @@ def _plan(args: argparse.Namespace) -> _Plan:
     return plan
 
 
+def _load_slice(path: Path, spec: Any) -> Any:
+    """The slice's workload, reading only as much of the trace as it needs.
+
+    Block ids are local to a root session, so the first sessions of the trace come out of a
+    partial read exactly as out of the whole one (the whole trace takes ~3-5 s to load here,
+    a few dozen sessions ~0.1 s). Sessions too long for the model are skipped, so a margin
+    more is read, and the whole trace where even that does not yield enough.
+    """
+    from service.live.workload import ScaleError, build_workload
+    from service.replay.loaders.claude_code import load_claude_code
+
+    limit = 2 * (spec.first + spec.sessions) + 8
+    trace = load_claude_code(path, max_roots=limit)
+    try:
+        return build_workload(trace, spec)
+    except ScaleError:
+        if len(trace.roots) < limit:
+            raise  # that was the whole trace
+    return build_workload(load_claude_code(path), spec)
+
+
+def _engine_speeds(
+    results: dict[str, Any], sims: dict[str, Any], etrace: Any, profile: Any
+) -> dict[str, Any]:
+    """Each arm's engine speed beside the profile's; said, with a warning where the simulated
+    columns are out of their calibrated regime."""
+    from service.live.speed import (
+        REGIME_FACTOR,
+        engine_speed,
+        out_of_regime,
+        simulated_decode_step,
+    )
+
+    speeds = {
+        name: engine_speed(run.engine, profile, simulated_decode_step(sims[name], etrace))
+        for name, run in results.items()
+    }
+    for name, speed in speeds.items():
+        live, model = speed["prefill_tokens_per_s"], speed["profile_prefill_tokens_per_s"]
+        if live and model:
+            _say(
+                f"{name}: the engine prefilled {live:,.0f} tokens/s (profile {profile.name}: "
+                f"{model:,.0f}); decode step "
+                + (
+                    f"{speed['decode_step_s'] * 1e3:.1f} ms "
+                    f"(simulated {speed['profile_decode_step_s'] * 1e3:.1f} ms)"
+                    if speed["decode_step_s"] and speed["profile_decode_step_s"]
+                    else "not measured"
+                )
+            )
+        off = out_of_regime(speed)
+        speed["out_of_regime"] = bool(off)
+        if off:
+            _say(
+                f"warning: {name}'s engine ran more than {REGIME_FACTOR:g}x off the profile "
+                f"({'; '.join(off)}): its simulated columns are out of their calibrated "
+                "regime (a loaded machine?), compare them with care"
+            )
+    return speeds
+
+
 def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
     from service.policy import policy_class
 
@@ -127,10 +190,9 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     from service.live import report
     from service.live.simulated import run_simulated
     from service.live.sizing import size_for
-    from service.live.workload import SliceSpec, arrival_schedule, build_workload, engine_trace
+    from service.live.workload import SliceSpec, arrival_schedule, engine_trace
     from service.policy import UnknownPolicyError, policy_class
     from service.replay.hardware import get_profile
-    from service.replay.loaders import load_trace
 
     arms = [args.baseline, args.policy]
     for name in arms:
@@ -157,8 +219,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
         max_prompt_tokens=ENGINE_DEFAULTS["max_model_len"] - 32,
     )
     started = _T0[0] = time.perf_counter()
-    trace = load_trace(trace_path, "claude-code")
-    work = build_workload(trace, spec)
+    work = _load_slice(trace_path, spec)
     etrace = engine_trace(work, ENGINE_DEFAULTS["block_tokens"])
     profile = get_profile("cpu-tiny-fp32")
     sizing = size_for(
@@ -198,13 +259,25 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
         )
     )
     schedule = arrival_schedule(etrace.roots, plan.rate, args.seed)
+    if args.quick:
+        _say(
+            "--quick: both arms' stacks start together before the first arm (each arm still "
+            "runs on its own fresh engine), and both engines run the model in their EngineCore "
+            "process (vLLM's uni executor); the full run starts each arm's stack after the "
+            "previous one stopped"
+        )
     own_workdir = workdir is None
     root = workdir or Path(tempfile.mkdtemp(prefix="tenure-up-"))
     stacks: list[Any] = []
     keep = True
     try:
-        results, stacks = _run_arms(args, arms, params, sizing, cache, root, work, etrace, schedule)
+        from service.live.runs import run_arms
+
+        results, stacks = run_arms(
+            args, arms, params, sizing, cache, root, (work, etrace, schedule), _say, ENGINE_DEFAULTS
+        )
         live = {name: report.live_arm(results[name], etrace) for name in arms}
+        speeds = _engine_speeds(results, sims, etrace, profile)
         print()
         print(report.table(live, simulated))
         delta = report.paired_delta(results[arms[1]], results[arms[0]])
@@ -239,6 +312,16 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
                     "dtype": "float32",
                     "gpu_blocks": sizing.gpu_blocks,
                     "host_blocks": sizing.host_blocks,
+                    "executor": "uni" if args.quick else "mp",
+                },
+                "quick": args.quick,
+                "stack_start": (
+                    "together, before the first arm"
+                    if args.quick
+                    else "in turn, each after the previous arm's stack stopped"
+                ),
+                "waiting_stacks_cpu_share": {
+                    name: results[name].waiting_cpu_share for name in arms
                 },
                 "sizing": sizing.to_dict(),
                 "lru_impl": args.lru_impl,
@@ -256,6 +339,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             },
             "arms": live,
             "simulated": simulated,
+            "engine_speed": speeds,
             "paired_delta": delta,
             "series": {
                 name: [
@@ -291,78 +375,3 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             _say(f"kept {root} (logs, Redis data)")
         else:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _run_arms(
-    args: argparse.Namespace,
-    arms: list[str],
-    params: dict[str, dict[str, float]],
-    sizing: Any,
-    cache: Path,
-    root: Path,
-    work: Any,
-    etrace: Any,
-    schedule: list[tuple[float, int]],
-) -> tuple[dict[str, Any], list[Any]]:
-    """Per arm: start its fresh stack, run the arm, stop the stack (the last one stays up with
-    ``--keep-running``)."""
-    from service.live.arm import run_arm
-    from service.live.stack import ABStack, ABStackConfig
-
-    stacks: dict[str, ABStack] = {}
-    for i, name in enumerate(arms):
-        keep = args.keep_running and i == len(arms) - 1
-        config = ABStackConfig(
-            workdir=root / name,
-            model_cache=cache / "models",
-            policy=name,
-            proxy_port=args.port if keep else 0,
-            gpu_blocks=sizing.gpu_blocks,
-            host_blocks=sizing.host_blocks,
-            lru_impl=args.lru_impl,
-            policy_params=params[name],
-            sidecar_env=(
-                {"TENURE_RECORD_ENABLED": "true"}
-                if args.record is not None and i == len(arms) - 1
-                else {}
-            ),
-            **{
-                **ENGINE_DEFAULTS,
-                # vLLM refuses a max_model_len its pool cannot hold (one block is its null
-                # block).
-                "max_model_len": min(
-                    ENGINE_DEFAULTS["max_model_len"],
-                    (sizing.gpu_blocks - 1) * ENGINE_DEFAULTS["block_tokens"],
-                ),
-            },
-        )
-        stacks[name] = ABStack(config, progress=lambda line, n=name: _say(f"[{n}] {line}"))
-    # One engine at a time: an idle CPU vLLM worker beside a running one was measured spinning
-    # a whole core (one of this VM's two), which slowed the first arm ~10x and would hand
-    # the second arm a quieter machine than the first.
-    results = {}
-    for i, name in enumerate(arms):
-        stack = stacks[name]
-        try:
-            stack.start()
-            results[name] = run_arm(stack, work, etrace, schedule, _say)
-            if args.record is not None and i == len(arms) - 1:
-                _export_recording(stack, args.record, etrace.block_tokens)
-        except BaseException:
-            stack.stop()
-            raise
-        if not (args.keep_running and i == len(arms) - 1):
-            stack.stop()
-    return results, [stacks[arms[-1]]] if args.keep_running else []
-
-
-def _export_recording(stack: Any, out: Path, block_tokens: int) -> None:
-    """The treatment arm's recorded traffic, exported through its sidecar's admin REST."""
-    import urllib.request
-
-    url = f"{stack.proxy_url}/admin/record/export?block_tokens={block_tokens}"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        text = response.read().decode()
-    out.write_text(text, encoding="utf-8")
-    _say(f"recorded the {stack.config.policy} arm's traffic: {out} ({text.count(chr(10)) - 1} "
-         "sessions, canonical format)")  # fmt: skip

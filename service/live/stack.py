@@ -19,12 +19,14 @@ host-tier policy of the arm:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from service.stack import LocalStack, StackConfig
 
-__all__ = ["DTYPE", "ABStack", "ABStackConfig", "kv_bytes_per_block"]
+__all__ = ["DTYPE", "ABStack", "ABStackConfig", "group_cpu_seconds", "kv_bytes_per_block"]
 
 #: The tiny model's KV shape (service.tools.tiny_model): 2 layers, 4 KV heads x 64.
 _LAYERS = 2
@@ -33,6 +35,29 @@ _KV_WIDTH = 256
 #: measured 2-3x faster than bfloat16 here (prefill and decode both).
 DTYPE = "float32"
 _DTYPE_BYTES = 4
+
+
+def group_cpu_seconds(groups: list[int]) -> float | None:
+    """CPU seconds (user + system) used so far by the live processes of these process
+    groups, from ``/proc``; ``None`` where there is no ``/proc`` (not Linux)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    wanted = set(groups)
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        # The command name (field 2) may hold spaces; the fields after its ")" are fixed.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) in wanted:  # pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def kv_bytes_per_block(block_tokens: int) -> int:
@@ -50,6 +75,11 @@ class ABStackConfig(StackConfig):
     policy_params: dict[str, float] = field(default_factory=dict)
     #: Extra ``TENURE_*`` settings of the sidecar (e.g. recording).
     sidecar_env: dict[str, str] = field(default_factory=dict)
+    #: Run the model in the EngineCore process (vLLM's ``uni`` executor) instead of in a
+    #: worker process of its own (``mp``, what the CPU platform picks): one Python process
+    #: fewer to spawn and import torch and vLLM into at start (measured ~14 s of a ~45-65 s
+    #: start on the loaded 2-core VM). ``tenure up --quick`` sets it for both arms.
+    in_process_worker: bool = False
 
 
 class ABStack(LocalStack):
@@ -66,7 +96,7 @@ class ABStack(LocalStack):
         if cfg.policy == "lru" and cfg.lru_impl == "stock":
             extra.update(eviction_policy="lru", spec_name="CPUHostOffloadingSpec")
         else:
-            from engine_adapter.policies import vllm_name_for
+            from engine_adapter.policy_names import vllm_name_for
 
             extra.update(
                 eviction_policy=vllm_name_for(cfg.policy),
@@ -102,6 +132,7 @@ class ABStack(LocalStack):
             "--tool-call-parser", "pythonic",
             "--uvicorn-log-level", "warning",
             "--kv-transfer-config", json.dumps(self.engine_transfer_config()),
+            *(("--distributed-executor-backend", "uni") if cfg.in_process_worker else ()),
         ]  # fmt: skip
 
     def engine_banner(self) -> str:
@@ -113,6 +144,91 @@ class ABStack(LocalStack):
 
     def sidecar_env(self) -> dict[str, str]:
         return {**super().sidecar_env(), **self.config.sidecar_env}
+
+    # --- a start in two steps: launch every process, then wait for them ------------------
+
+    def launch_engine(self) -> None:
+        """Spawn the vLLM server (:meth:`wait_engine` waits until it answers)."""
+        from service.stack.launch import engine_process
+
+        if self.model_path is None:
+            self.ensure_model()
+        self.progress(self.engine_banner())
+        self.engine = engine_process("vllm", self.engine_argv(), self.logs / "vllm.log")
+        if self.config.in_process_worker:
+            # The API server always runs EngineCore in a process of its own (AsyncLLM); the
+            # CPU platform keeps the ``uni`` executor only where this is off (it forces a
+            # worker process otherwise).
+            self.engine.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.engine.start()
+
+    def wait_engine(self) -> None:
+        from service.processes import http_ok
+
+        assert self.engine is not None
+        self.engine.wait_until(
+            lambda: http_ok(f"{self.engine_url}/health"), self.config.engine_timeout_s
+        )
+
+    def start_engine(self) -> None:
+        self.launch_engine()
+        self.wait_engine()
+
+    def launch_sidecar(self) -> None:
+        from service.stack.launch import sidecar_process
+
+        self.progress(f"starting the Tenure sidecar on {self.proxy_url}")
+        self.sidecar = sidecar_process(
+            "tenure serve", self.config.proxy_port, self.sidecar_env(), self.logs / "sidecar.log"
+        )
+        self.sidecar.start()
+
+    def wait_sidecar(self) -> None:
+        from service.processes import http_ok
+
+        assert self.sidecar is not None
+        self.sidecar.wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)
+
+    def launch(self) -> ABStack:
+        """Spawn every component without waiting for the sidecar or the engine (Redis is
+        waited for: the sidecar needs it at once); :meth:`wait_ready` finishes the start.
+
+        The sidecar and the engine start side by side: the adapter's push channel connects
+        whenever the sidecar binds it (ZeroMQ reconnects), so neither waits for the other.
+        """
+        self.config.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.config.external_redis_url:
+                self.start_redis()
+            self.ensure_model()
+            self.launch_sidecar()
+            self.launch_engine()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> ABStack:
+        try:
+            self.wait_sidecar()
+            self.wait_engine()
+            if self.uses_adapter:
+                self.wait_for_adapter()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start(self) -> ABStack:
+        return self.launch().wait_ready()
+
+    def process_groups(self) -> list[int]:
+        """Process-group ids of the stack's running components (each runs in its own)."""
+        return [
+            p.process.pid
+            for p in (self.redis, self.sidecar, self.engine)
+            if p is not None and p.process is not None and p.running
+        ]
 
     @property
     def uses_adapter(self) -> bool:

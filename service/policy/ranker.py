@@ -32,6 +32,8 @@ from typing import Any, Protocol
 
 __all__ = [
     "ARTEFACT_FORMAT",
+    "EXTENDED_FEATURES",
+    "FEATURE_SETS",
     "NUMERIC_FEATURES",
     "HeuristicRanker",
     "RankerArtefactError",
@@ -43,7 +45,10 @@ __all__ = [
 ]
 
 ARTEFACT_FORMAT = "tenure-worker-ranker"
-ARTEFACT_VERSION = 1
+#: Version 2 names its numeric features (``numeric_features``); version 1 artefacts, which
+#: do not, use :data:`NUMERIC_FEATURES` and still load.
+ARTEFACT_VERSION = 2
+_VERSIONS = (1, 2)
 
 #: Median recorded lifetime (seconds) per sub-agent type over the 41 sub-agents of
 #: ``../shared/traces/claude_code/sessions.jsonl.gz`` (``duration_ms``, or the last inner call's
@@ -68,6 +73,25 @@ NUMERIC_FEATURES = (
     "sibling_index",
     "background",
 )
+#: What else the harness knows at spawn, about the parent's spawning call and the session's
+#: earlier workers (the ``extended`` feature set): the spawning call's output size (the
+#: instructions it wrote), whether it reasoned, whether it answered a human turn, the gap
+#: before it, how many workers the session spawned before and how many had returned, and the
+#: mean ``log1p`` lifetime of those (0 when none had).
+EXTENDED_FEATURES = (
+    *NUMERIC_FEATURES,
+    "log_parent_output_tokens",
+    "parent_thinking",
+    "parent_human_turn",
+    "log_parent_gap_s",
+    "workers_before",
+    "workers_returned",
+    "returned_log_lifetime",
+)
+FEATURE_SETS: Mapping[str, tuple[str, ...]] = {
+    "base": NUMERIC_FEATURES,
+    "extended": EXTENDED_FEATURES,
+}
 CATEGORICAL_FEATURES = ("subagent_type", "model_family")
 
 
@@ -90,24 +114,46 @@ class SpawnRecord:
     fanout: int = 1  # workers spawned together (in one parent gap), itself included
     sibling_index: int = 0  # 0-based position in that fan-out
     session_elapsed_s: float = 0.0
+    # The extended set (see EXTENDED_FEATURES).
+    parent_output_tokens: int = 0  # the spawning call's output
+    parent_thinking: bool = False
+    parent_human_turn: bool = False  # the spawning call answered a human message
+    parent_gap_s: float = 0.0  # the gap (tool run, human wait) before the spawning call
+    workers_before: int = 0  # workers the session spawned earlier
+    workers_returned: int = 0  # of those, returned before this spawn
+    returned_mean_lifetime_s: float = 0.0  # their mean lifetime (geometric), 0 when none
 
     @property
     def instruction_tokens(self) -> int:
         return max(0, self.context_tokens - self.tool_tokens - self.system_tokens)
 
-    def numeric(self) -> list[float]:
-        return [
-            math.log1p(max(0, self.context_tokens)),
-            math.log1p(self.instruction_tokens),
-            math.log1p(max(0, self.tool_tokens)),
-            math.log1p(max(0, self.system_tokens)),
-            math.log1p(max(0, self.parent_turn)),
-            math.log1p(max(0, self.parent_context_tokens)),
-            math.log1p(max(0.0, self.session_elapsed_s)),
-            float(max(1, self.fanout)),
-            float(max(0, self.sibling_index)),
-            1.0 if self.background else 0.0,
-        ]
+    def values(self) -> dict[str, float]:
+        """Every numeric feature by name (:data:`EXTENDED_FEATURES` covers them all)."""
+        return {
+            "log_context_tokens": math.log1p(max(0, self.context_tokens)),
+            "log_instruction_tokens": math.log1p(self.instruction_tokens),
+            "log_tool_tokens": math.log1p(max(0, self.tool_tokens)),
+            "log_system_tokens": math.log1p(max(0, self.system_tokens)),
+            "log_parent_turn": math.log1p(max(0, self.parent_turn)),
+            "log_parent_context_tokens": math.log1p(max(0, self.parent_context_tokens)),
+            "log_session_elapsed_s": math.log1p(max(0.0, self.session_elapsed_s)),
+            "fanout": float(max(1, self.fanout)),
+            "sibling_index": float(max(0, self.sibling_index)),
+            "background": 1.0 if self.background else 0.0,
+            "log_parent_output_tokens": math.log1p(max(0, self.parent_output_tokens)),
+            "parent_thinking": 1.0 if self.parent_thinking else 0.0,
+            "parent_human_turn": 1.0 if self.parent_human_turn else 0.0,
+            "log_parent_gap_s": math.log1p(max(0.0, self.parent_gap_s)),
+            "workers_before": float(max(0, self.workers_before)),
+            "workers_returned": float(max(0, self.workers_returned)),
+            "returned_log_lifetime": math.log1p(max(0.0, self.returned_mean_lifetime_s))
+            if self.workers_returned > 0
+            else 0.0,
+        }
+
+    def numeric(self, names: Sequence[str] = NUMERIC_FEATURES) -> list[float]:
+        values = self.values()
+        return [values[n] for n in names]
 
     def categories(self) -> dict[str, str]:
         return {"subagent_type": self.subagent_type, "model_family": model_family(self.model)}
@@ -128,9 +174,13 @@ class WorkerRanker(Protocol):
     def predict_lifetime_s(self, record: SpawnRecord) -> float: ...
 
 
-def feature_vector(record: SpawnRecord, vocab: Mapping[str, Sequence[str]]) -> list[float]:
+def feature_vector(
+    record: SpawnRecord,
+    vocab: Mapping[str, Sequence[str]],
+    numeric: Sequence[str] = NUMERIC_FEATURES,
+) -> list[float]:
     """Numeric features, then one one-hot column per vocabulary value of each categorical."""
-    vec = record.numeric()
+    vec = record.numeric(numeric)
     cats = record.categories()
     for name in CATEGORICAL_FEATURES:
         vec.extend(1.0 if cats.get(name) == v else 0.0 for v in vocab.get(name, ()))
@@ -168,9 +218,14 @@ class RidgeRanker:
         intercept: float,
         alpha: float,
         meta: Mapping[str, Any] | None = None,
+        numeric_features: Sequence[str] = NUMERIC_FEATURES,
     ) -> None:
+        unknown = [n for n in numeric_features if n not in EXTENDED_FEATURES]
+        if unknown:
+            raise RankerArtefactError(f"ranker artefact: unknown feature(s) {unknown}")
+        self.numeric_features = tuple(numeric_features)
         self.vocab = {k: list(v) for k, v in vocab.items()}
-        width = len(NUMERIC_FEATURES) + sum(len(v) for v in self.vocab.values())
+        width = len(self.numeric_features) + sum(len(v) for v in self.vocab.values())
         for label, values in (("mean", mean), ("scale", scale), ("weights", weights)):
             if len(values) != width:
                 raise RankerArtefactError(
@@ -185,10 +240,10 @@ class RidgeRanker:
 
     def features(self, record: SpawnRecord) -> list[float]:
         """The raw (unstandardised) feature vector: numeric, then one-hot categoricals."""
-        return feature_vector(record, self.vocab)
+        return feature_vector(record, self.vocab, self.numeric_features)
 
     def feature_names(self) -> list[str]:
-        names = list(NUMERIC_FEATURES)
+        names = list(self.numeric_features)
         for name in CATEGORICAL_FEATURES:
             names.extend(f"{name}={v}" for v in self.vocab.get(name, []))
         return names
@@ -211,6 +266,7 @@ class RidgeRanker:
             "version": ARTEFACT_VERSION,
             "target": "log_lifetime_s",
             "features": self.feature_names(),
+            "numeric_features": list(self.numeric_features),
             "vocab": self.vocab,
             "mean": self.mean,
             "scale": self.scale,
@@ -232,9 +288,9 @@ class RidgeRanker:
             raise RankerArtefactError(f"{where}: expected a JSON object")
         if doc.get("format") != ARTEFACT_FORMAT:
             raise RankerArtefactError(f"{where}: not a {ARTEFACT_FORMAT} artefact")
-        if doc.get("version") != ARTEFACT_VERSION:
+        if doc.get("version") not in _VERSIONS:
             raise RankerArtefactError(
-                f"{where}: version {doc.get('version')!r} unsupported (expected {ARTEFACT_VERSION})"
+                f"{where}: version {doc.get('version')!r} unsupported (expected 1 or 2)"
             )
         vocab = doc.get("vocab")
         if not isinstance(vocab, dict) or set(vocab) != set(CATEGORICAL_FEATURES):
@@ -251,6 +307,11 @@ class RidgeRanker:
         for key in ("intercept", "alpha"):
             if not _finite(doc.get(key)):
                 raise RankerArtefactError(f"{where}: {key!r} must be a finite number")
+        numeric = doc.get("numeric_features", list(NUMERIC_FEATURES))
+        if doc.get("version") == 1:
+            numeric = list(NUMERIC_FEATURES)
+        if not isinstance(numeric, list) or not all(isinstance(v, str) for v in numeric):
+            raise RankerArtefactError(f"{where}: 'numeric_features' must be a list of names")
         meta = {k: v for k, v in doc.items() if k in ("trained_on", "evaluation")}
         return cls(
             vocab,
@@ -260,6 +321,7 @@ class RidgeRanker:
             float(doc["intercept"]),
             float(doc["alpha"]),
             meta,
+            numeric,
         )
 
     @classmethod

@@ -21,6 +21,8 @@ import numpy as np
 
 from service.policy.ranker import (
     CATEGORICAL_FEATURES,
+    EXTENDED_FEATURES,
+    NUMERIC_FEATURES,
     RidgeRanker,
     SpawnRecord,
     feature_vector,
@@ -30,6 +32,7 @@ __all__ = [
     "ALPHAS",
     "LabeledSpawn",
     "cross_validate",
+    "fit_pairwise",
     "fit_ridge",
     "grouped_folds",
     "kendall_tau",
@@ -122,15 +125,31 @@ def _vocab(records: Sequence[SpawnRecord]) -> dict[str, list[str]]:
     return vocab
 
 
+def _design(
+    data: Sequence[LabeledSpawn], numeric: Sequence[str]
+) -> tuple[dict[str, list[str]], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Vocabulary, standardised design matrix, its mean and its scale."""
+    records = [d.record for d in data]
+    vocab = _vocab(records)
+    x = np.array([feature_vector(r, vocab, numeric) for r in records], dtype=float)
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale <= 1e-12] = 1.0
+    return vocab, (x - mean) / scale, mean, scale
+
+
 def fit_ridge(
-    data: Sequence[LabeledSpawn], alpha: float, meta: dict[str, Any] | None = None
+    data: Sequence[LabeledSpawn],
+    alpha: float,
+    meta: dict[str, Any] | None = None,
+    numeric: Sequence[str] = NUMERIC_FEATURES,
 ) -> RidgeRanker:
     """Ridge on standardised features (intercept unpenalised) for ``log`` lifetime."""
     if not data:
         raise ValueError("no labelled spawns to train on")
     records = [d.record for d in data]
     vocab = _vocab(records)
-    x = np.array([feature_vector(r, vocab) for r in records], dtype=float)
+    x = np.array([feature_vector(r, vocab, numeric) for r in records], dtype=float)
     y = np.log(np.maximum([d.lifetime_s for d in data], 1e-3))
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
@@ -140,11 +159,49 @@ def fit_ridge(
     gram = z.T @ z + alpha * np.eye(z.shape[1])
     weights = np.linalg.solve(gram, z.T @ (y - intercept))
     return RidgeRanker(
-        vocab, mean.tolist(), scale.tolist(), weights.tolist(), intercept, alpha, meta
+        vocab, mean.tolist(), scale.tolist(), weights.tolist(), intercept, alpha, meta, numeric
     )
 
 
-def _choose_alpha(train: Sequence[LabeledSpawn]) -> float:
+def fit_pairwise(
+    data: Sequence[LabeledSpawn], alpha: float, numeric: Sequence[str] = EXTENDED_FEATURES
+) -> RidgeRanker:
+    """A pairwise (RankNet-style) linear ranker: L2-penalised logistic regression on the
+    feature differences of same-session pairs, learning the order only (what the predictive
+    path needs). Returned as a :class:`RidgeRanker` whose score is an order, not a lifetime
+    (its intercept is the mean log lifetime, so it stays in the same units roughly)."""
+    if not data:
+        raise ValueError("no labelled spawns to train on")
+    vocab, z, mean, scale = _design(data, numeric)
+    y = np.log(np.maximum([d.lifetime_s for d in data], 1e-3))
+    diffs: list[np.ndarray[Any, Any]] = []
+    wins: list[float] = []
+    for i in range(len(data)):
+        for j in range(i + 1, len(data)):
+            if data[i].session == data[j].session and y[i] != y[j]:
+                diffs.append(z[i] - z[j])
+                wins.append(1.0 if y[i] > y[j] else 0.0)
+    w = np.zeros(z.shape[1])
+    if diffs:
+        d = np.array(diffs)
+        t = np.array(wins)
+        for _ in range(50):  # Newton steps on a strictly convex loss
+            p = 1.0 / (1.0 + np.exp(-(d @ w)))
+            grad = d.T @ (p - t) + alpha * w
+            hess = (d * (p * (1 - p))[:, None]).T @ d + alpha * np.eye(w.size)
+            step = np.linalg.solve(hess, grad)
+            w -= step
+            if float(np.max(np.abs(step))) < 1e-9:
+                break
+    return RidgeRanker(
+        vocab, mean.tolist(), scale.tolist(), w.tolist(), float(y.mean()), alpha, None, numeric
+    )
+
+
+def _choose_alpha(
+    train: Sequence[LabeledSpawn],
+    fit: Callable[[Sequence[LabeledSpawn], float], RidgeRanker] | None = None,
+) -> float:
     """The grid penalty with the best leave-one-session-out tau inside ``train``."""
     sessions = [d.session for d in train]
     if len(set(sessions)) < 3:
@@ -153,7 +210,7 @@ def _choose_alpha(train: Sequence[LabeledSpawn]) -> float:
     for alpha in ALPHAS:
 
         def trainer(tr: Sequence[LabeledSpawn], a: float = alpha) -> RidgeRanker:
-            return fit_ridge(tr, a)
+            return fit_ridge(tr, a) if fit is None else fit(tr, a)
 
         preds = _out_of_fold(train, trainer, len(set(sessions)))
         tau = kendall_tau(preds, [d.lifetime_s for d in train])
@@ -202,6 +259,7 @@ HEURISTICS: dict[str, Callable[[Sequence[LabeledSpawn]], Predictor]] = {
     "type": _TypeMean,
     "size": lambda _train: lambda r: float(r.context_tokens),
     "sibling-order": lambda _train: lambda r: float(r.sibling_index),
+    "workers-before": lambda _train: lambda r: float(r.workers_before),
     "spawn-order": lambda _train: lambda _r: 0.0,
 }
 
@@ -220,6 +278,15 @@ def cross_validate(data: Sequence[LabeledSpawn], k: int = 5) -> dict[str, Any]:
         alphas.append(alpha)
         return fit_ridge(train, alpha)
 
+    def extended(tr: Sequence[LabeledSpawn], a: float) -> RidgeRanker:
+        return fit_ridge(tr, a, numeric=EXTENDED_FEATURES)
+
+    def train_extended(train: Sequence[LabeledSpawn]) -> RidgeRanker:
+        return extended(train, _choose_alpha(train, extended))
+
+    def train_pairwise(train: Sequence[LabeledSpawn]) -> RidgeRanker:
+        return fit_pairwise(train, _choose_alpha(train, fit_pairwise))
+
     out: dict[str, Any] = {
         "folds": len(folds),
         "workers": len(data),
@@ -228,6 +295,8 @@ def cross_validate(data: Sequence[LabeledSpawn], k: int = 5) -> dict[str, Any]:
     }
     predictors: dict[str, Callable[[Sequence[LabeledSpawn]], Any]] = {
         "ridge": train_ridge,
+        "ridge-extended": train_extended,
+        "pairwise-extended": train_pairwise,
         **HEURISTICS,
     }
     oof: dict[str, list[float]] = {}
@@ -247,7 +316,11 @@ def cross_validate(data: Sequence[LabeledSpawn], k: int = 5) -> dict[str, Any]:
         }
     out["ridge_alphas"] = alphas
     out["oof_predictions"] = {
-        d.worker: {"ridge_log_lifetime": oof["ridge"][i], "lifetime_s": d.lifetime_s}
+        d.worker: {
+            "ridge_log_lifetime": oof["ridge"][i],
+            "ridge_extended_log_lifetime": oof["ridge-extended"][i],
+            "lifetime_s": d.lifetime_s,
+        }
         for i, d in enumerate(data)
     }
     return out

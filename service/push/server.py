@@ -8,7 +8,8 @@ The protocol is documented in :mod:`service.wire.push`. This side:
 * answers each ``Hello`` and ``ResyncRequest`` with a full :class:`Snapshot` (the decision table
   in Redis plus the tier configuration), and sends every adapter a snapshot periodically;
 * feeds inbound :class:`ResidencyReport` deltas to the metrics, dropping duplicates by
-  ``(adapter_id, report_seq)``.
+  ``(adapter_id, report_seq)``, and :class:`PlacementReport` deltas (a ``tenure-fs`` SSD
+  tier's bytes per tier and segment class, deletions, SSD use and wear) the same way.
 
 Redis or adapter failures never propagate: the loops log, count, back off and carry on.
 
@@ -55,6 +56,7 @@ from service.wire.push import (
     Decision,
     Hello,
     Message,
+    PlacementReport,
     ResidencyReport,
     ResyncRequest,
     Snapshot,
@@ -87,6 +89,7 @@ class _Peer:
     adapter_id: str
     last_heard: float
     last_report_seq: int = -1
+    last_placement_seq: int = -1
     last_applied_seq: int = -1
     snapshot_tokens: float = _SNAPSHOT_BURST
     tokens_at: float = 0.0
@@ -296,6 +299,15 @@ class PushServer:
             await self._record_engine(peer.adapter_id, message, now)
             behind = max(0, self.last_sent_seq - message.last_applied_seq)
             self.metrics.push_seq_behind.labels(peer.adapter_id).set(behind)
+        elif isinstance(message, PlacementReport):
+            self.metrics.push_messages.labels("in", "placement").inc()
+            peer = self._touch(identity, label, now)
+            if peer is None:
+                return
+            if message.report_seq <= peer.last_placement_seq:
+                return  # a duplicate (or a replay): its deltas were counted already
+            peer.last_placement_seq = message.report_seq
+            self.metrics.record_placement(message, peer.adapter_id)
         else:
             self.metrics.push_bad_frames.inc()  # adapters never send decisions or snapshots
 

@@ -8,6 +8,18 @@ bytes share exactly the hashes of the pieces inside it, so appends, rewritten ta
 compactions and prompts shared between sessions all survive, and the text does not: a hash of
 a 256-byte piece chained to everything before it cannot be read back.
 
+**Per route** (``route``), the items hashed are the prompt's own structure:
+
+* chat: the model, then each message (or the completion's prompt);
+* messages (Anthropic): the model, the tools and the system prompt, then each message, every
+  ``cache_control`` marker dropped (harnesses move the breakpoint to the newest message each
+  turn; the prompt is the same);
+* responses (OpenAI): the model, the instructions and tools, then each input item. A request
+  that continues a stored answer (``previous_response_id``, or a ``conversation``) carries
+  only its new input, while the engine's prompt holds the whole conversation: its pieces go
+  on from the pieces of the request that answer came from, then pieces that stand for the
+  answer (its estimated size, hashed from its id: never its text), then its own input.
+
 **Session ids** leave the sidecar only as a keyed hash of ``tenant + session`` (the key lives in
 Redis, shared by replicas and never exported), so two tenants' equal ids never meet and a
 recording names no client's session.
@@ -20,7 +32,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-__all__ = ["RecordedTurn", "hashed_session", "prefix_chunks", "request_bytes"]
+__all__ = [
+    "MAX_CHUNKS",
+    "RecordedTurn",
+    "hashed_session",
+    "item_bytes",
+    "prefix_chunks",
+    "request_bytes",
+]
 
 _encode = msgspec.json.Encoder(order="deterministic").encode
 #: A recorded turn keeps at most this many piece hashes (about 1 MiB of prompt at 256 bytes a
@@ -46,6 +65,7 @@ class RecordedTurn(msgspec.Struct, omit_defaults=True):
     expected_gap_s: float | None = None  # the harness's gap hint, if it sent one
     cut: bool = False  # the stream was cut after the answer started
     chunk_bytes: int = 256  # request bytes per hash when this turn was recorded
+    route: str = "chat"  # the API it came through: chat, messages, responses
 
 
 def request_bytes(model: object, messages: Sequence[object]) -> bytes:
@@ -55,12 +75,21 @@ def request_bytes(model: object, messages: Sequence[object]) -> bytes:
     return b"\n".join(parts)
 
 
-def prefix_chunks(data: bytes, chunk_bytes: int) -> list[int]:
-    """Chained 64-bit hashes of every ``chunk_bytes`` piece of ``data`` (the last may be short)."""
+def item_bytes(items: Sequence[object]) -> bytes:
+    """The bytes of items that continue a request's prefix (each on its own line)."""
+    return b"".join(b"\n" + _encode(m) for m in items)
+
+
+def prefix_chunks(data: bytes, chunk_bytes: int, after: int | None = None) -> list[int]:
+    """Chained 64-bit hashes of every ``chunk_bytes`` piece of ``data`` (the last may be short).
+
+    ``after``: the hash of the piece these bytes follow (a request that continues a stored
+    conversation goes on from the previous request's last piece); ``None``: they start it.
+    """
     if chunk_bytes < 1:
         raise ValueError("chunk_bytes must be >= 1")
     out: list[int] = []
-    chain = b""
+    chain = b"" if after is None else after.to_bytes(8, "big")
     for start in range(0, min(len(data), MAX_CHUNKS * chunk_bytes), chunk_bytes):
         chain = hashlib.blake2b(chain + data[start : start + chunk_bytes], digest_size=8).digest()
         out.append(int.from_bytes(chain, "big") >> 1)  # 63 bits: a JSON int every reader keeps

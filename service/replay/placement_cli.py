@@ -110,7 +110,7 @@ def _placement(args: argparse.Namespace) -> int:
         except RankerArtefactError as exc:
             raise UsageError(str(exc)) from None
         contenders = tuple(
-            replace(c, ranker="artefact") if c.ranker == "ridge" else c for c in contenders
+            replace(c, ranker="artefact") if c.ranker.startswith("ridge") else c for c in contenders
         )
     for out in (args.json, args.plot):
         if out is not None and not out.parent.is_dir():

@@ -57,7 +57,8 @@ class Contender:
     name: str
     placement: str
     dram_policy: str = "lru"
-    #: ``ridge`` (cross-fitted predictions), ``heuristic``, ``artefact`` or ``none``.
+    #: ``ridge`` / ``ridge-extended`` (cross-fitted predictions on the base / extended spawn
+    #: features), ``heuristic``, ``artefact`` or ``none``.
     ranker: str = "none"
 
 
@@ -66,11 +67,11 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("dram-first", "dram-first"),
     Contender("frequency-filter", "frequency-filter"),
     Contender("store-threshold", "store-threshold"),
-    Contender("lachesis", "lachesis", ranker="ridge"),
+    Contender("lachesis", "lachesis", ranker="ridge-extended"),
     Contender("lachesis-heuristic", "lachesis", ranker="heuristic"),
     Contender("lachesis-no-ranker", "lachesis-no-ranker"),
-    Contender("lachesis-wt", "lachesis-wt", ranker="ridge"),
-    Contender("lachesis+gate", "lachesis", dram_policy="tenure", ranker="ridge"),
+    Contender("lachesis-wt", "lachesis-wt", ranker="ridge-extended"),
+    Contender("lachesis+gate", "lachesis", dram_policy="tenure", ranker="ridge-extended"),
 )
 BASELINES = ("write-through", "dram-first", "frequency-filter", "store-threshold")
 PLACEMENT = "lachesis"
@@ -121,11 +122,22 @@ def ranker_predictions(
         return {s.worker: artefact.predict_lifetime_s(s.record) for s in spawns}, {
             "ranker": "artefact (in-sample if trained on this trace)"
         }
-    if kind == "ridge":
+    if kind in ("ridge", "ridge-extended"):
         cv = cross_validate(spawns)
-        preds = {w: math.exp(v["ridge_log_lifetime"]) for w, v in cv["oof_predictions"].items()}
-        return preds, {"ranker": "ridge (cross-fitted, session-grouped 5-fold)"}
+        field = "ridge_log_lifetime" if kind == "ridge" else "ridge_extended_log_lifetime"
+        preds = {w: math.exp(v[field]) for w, v in cv["oof_predictions"].items()}
+        return preds, {"ranker": f"{kind} (cross-fitted, session-grouped 5-fold)"}
     raise ValueError(f"unknown ranker kind {kind!r}")
+
+
+def _mean_flat(tiers: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:
+    keys = sorted({k for t in tiers for k in t.get(key, {})})
+    return {k: float(sum(t.get(key, {}).get(k, 0) for t in tiers) / len(tiers)) for k in keys}
+
+
+def _mean_nested(tiers: Sequence[Mapping[str, Any]], key: str) -> dict[str, dict[str, float]]:
+    outer = sorted({k for t in tiers for k in t.get(key, {})})
+    return {k: _mean_flat([t.get(key, {}) for t in tiers], k) for k in outer}
 
 
 def _summary(runs: Sequence[RunResult], bt: int) -> dict[str, Any]:
@@ -151,7 +163,12 @@ def _summary(runs: Sequence[RunResult], bt: int) -> dict[str, Any]:
             c: float(sum(t["ssd_write_bytes"].get(c, 0) for t in tiers) / len(tiers))
             for c in classes
         },
+        "ssd_write_bytes_by_cause": _mean_nested(tiers, "ssd_write_bytes_by_cause"),
+        "ssd_rewritten_bytes": _mean_flat(tiers, "ssd_rewritten_bytes"),
+        "ssd_read_back_bytes": _mean_flat(tiers, "ssd_read_back_bytes"),
         "fast_write_share": mean("fast_write_share"),
+        "fast_store_share": mean("fast_store_share"),
+        "materialized_bytes": _mean_flat(tiers, "materialized_bytes"),
         "ssd_write_rate_bytes_per_s": mean("ssd_write_rate_bytes_per_s"),
         "device_years": mean("device_years"),
         "ssd_write_utilisation": mean("ssd_write_utilisation"),
@@ -335,6 +352,13 @@ def _assemble(
         "ssd_write_bytes": {n: r["ssd_write_bytes"] for n, r in at.items()},
         "ssd_write_bytes_total": {n: r["ssd_write_bytes_total"] for n, r in at.items()},
         "ssd_write_rate_bytes_per_s": {n: r["ssd_write_rate_bytes_per_s"] for n, r in at.items()},
+        # Where the SSD bytes come from (class -> cause -> bytes; cause = route, and whether the
+        # segment was already dead), how many were read back for a hit, how many rewritten.
+        "ssd_write_bytes_by_cause": {n: r["ssd_write_bytes_by_cause"] for n, r in at.items()},
+        "ssd_read_back_bytes": {n: r["ssd_read_back_bytes"] for n, r in at.items()},
+        "ssd_rewritten_bytes": {n: r["ssd_rewritten_bytes"] for n, r in at.items()},
+        "materialized_bytes": {n: r["materialized_bytes"] for n, r in at.items()},
+        "fast_store_share_by_policy": {n: r["fast_store_share"] for n, r in at.items()},
         "checks": checks,
         "per_rate": {
             n: {f"{rate:g}": dict(row) for rate, row in rows.items()}

@@ -1,9 +1,15 @@
 """``tenure train-ranker``: fit the worker-lifetime ranker on a trace and save the artefact.
 
-Prints the session-grouped k-fold cross-validated Kendall tau of the ridge ranker beside the
-simple heuristics (by sub-agent type, by size, by position in a fan-out), then fits the final
-model on every spawn (ridge penalty chosen by leave-one-session-out) and writes it as JSON: the
-artefact the adapter and the sidecar load (:meth:`service.policy.ranker.RidgeRanker.load`).
+Prints the session-grouped k-fold cross-validated Kendall tau of the ridge ranker on the base
+spawn features, the ridge and a pairwise ranker on the extended ones (the parent's spawning
+call and the session's earlier workers), beside the simple heuristics (by sub-agent type, by
+size, by position in a fan-out, by how many workers the session spawned before), then fits the
+final model on every spawn (ridge penalty chosen by leave-one-session-out) and writes it as
+JSON: the artefact the adapter and the sidecar load
+(:meth:`service.policy.ranker.RidgeRanker.load`). ``--features`` picks its feature set:
+``base`` (the default: what the sidecar's spawn route fills in today) or ``extended`` (for a
+harness that passes the extended spawn facts; fed zeros, it would rank as if every worker were
+a session's first).
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="where to write the artefact")
     parser.add_argument("--folds", default="5", help="session-grouped folds (default 5)")
     parser.add_argument("--json", type=Path, default=None, help="write the evaluation here")
+    parser.add_argument(
+        "--features",
+        choices=("base", "extended"),
+        default="base",
+        help="the artefact's spawn features (default: base, what the sidecar fills in)",
+    )
     parser.set_defaults(func=_train)
 
 
@@ -38,15 +50,21 @@ def evaluation_table(cv: dict[str, Any]) -> str:
     lines = [
         f"worker ranker: {cv['workers']} sub-agents in {cv['sessions']} sessions, "
         f"session-grouped {cv['folds']}-fold cross-validation (seed reports tau = {SEED_TAU})",
-        f"{'ranker':<16} {'tau (pooled)':>13} {'tau (within session)':>21} {'pairs':>6} "
+        f"{'ranker':<18} {'tau (pooled)':>13} {'tau (within session)':>21} {'pairs':>6} "
         f"{'tau (fold mean)':>16}",
     ]
     for name, r in cv["rankers"].items():
         lines.append(
-            f"{name:<16} {_fmt(r['kendall_tau']):>13} {_fmt(r['kendall_tau_within_session']):>21}"
+            f"{name:<18} {_fmt(r['kendall_tau']):>13} {_fmt(r['kendall_tau_within_session']):>21}"
             f" {r['within_session_pairs_ordered']:>6} {_fmt(r['kendall_tau_fold_mean']):>16}"
         )
-    lines.append(f"ridge penalties chosen per fold: {cv['ridge_alphas']}")
+    lines.append(f"ridge (base) penalties chosen per fold: {cv['ridge_alphas']}")
+    lines.append(
+        "base: sub-agent type and model, sizes, background, the parent's turn and context, "
+        "fan-out position, session time; extended adds the spawning call's output, reasoning, "
+        "human turn and gap, and the session's earlier workers (count, returned, their mean "
+        "lifetime); pairwise-extended: a logistic ranker on same-session pairs"
+    )
     lines.append(
         "pooled: all out-of-fold predictions against all lifetimes; within session: only pairs "
         "of the same session (what the predictive path ranks), 'pairs' = pairs the ranker does "
@@ -57,6 +75,7 @@ def evaluation_table(cv: dict[str, Any]) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     from service.errors import TraceError
+    from service.policy.ranker import FEATURE_SETS
     from service.policy.ranker_fit import cross_validate, fit_ridge, grouped_folds
     from service.replay.arguments import int_list
     from service.replay.loaders import detect_format
@@ -87,7 +106,12 @@ def _train(args: argparse.Namespace) -> int:
     print(evaluation_table(cv))
     from service.policy.ranker_fit import _choose_alpha
 
-    alpha = _choose_alpha(spawns)
+    numeric = FEATURE_SETS[args.features]
+
+    def fit(train: Any, a: float) -> Any:
+        return fit_ridge(train, a, numeric=numeric)
+
+    alpha = _choose_alpha(spawns, fit)
     # The artefact is strict JSON: an undefined tau (a constant ranker) is written as null.
     summary = {
         name: {
@@ -106,12 +130,17 @@ def _train(args: argparse.Namespace) -> int:
                 "workers": len(spawns),
                 "sessions": len(sessions),
                 "folds": len(grouped_folds([s.session for s in spawns], folds)),
+                "feature_set": args.features,
             },
             "evaluation": summary,
         },
+        numeric,
     )
     model.save(args.out)
-    print(f"ridge penalty {alpha:g} (leave-one-session-out); artefact written to {args.out}")
+    print(
+        f"ridge on the {args.features} features, penalty {alpha:g} (leave-one-session-out); "
+        f"artefact written to {args.out}"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(cv, indent=1, allow_nan=True) + "\n", encoding="utf-8")
     return 0

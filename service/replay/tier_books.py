@@ -10,7 +10,7 @@ import numpy as np
 from service.policy import HostTier, Run, TierPolicy, Victim
 from service.policy.types import StoreResult
 
-__all__ = ["ObservedTier", "TierOwner", "UseCounts", "pieces"]
+__all__ = ["ObservedTier", "TierOwner", "UseCounts", "WriteLedger", "pieces"]
 
 
 class TierOwner(Protocol):
@@ -101,3 +101,42 @@ def pieces(seg: int, start: int, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> l
         Run(seg, start + int(a), start + int(b))
         for a, b in zip(edges[::2], edges[1::2], strict=True)
     ]
+
+
+class WriteLedger:
+    """Per-block SSD write history, for the write decomposition in the placement report.
+
+    A block is 0 (never written), 1 (written, not read back since) or 2 (written, then read
+    back: promoted into DRAM for a hit). Freeing or evicting a block from the SSD leaves its
+    state, so a second write of it is seen as a rewrite.
+    """
+
+    def __init__(self) -> None:
+        self._arrays: dict[int, np.ndarray[Any, np.dtype[np.uint8]]] = {}
+
+    def _view(self, run: Run) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        arr = self._arrays.get(run.seg)
+        if arr is None or arr.size < run.stop:
+            grown = np.zeros(max(run.stop, 2 * (0 if arr is None else arr.size)), np.uint8)
+            if arr is not None:
+                grown[: arr.size] = arr
+            arr = self._arrays[run.seg] = grown
+        return arr[run.start : run.stop]
+
+    def written(self, run: Run) -> int:
+        """Mark ``run`` written; returns how many of its blocks had been written before."""
+        view = self._view(run)
+        before = int(np.count_nonzero(view))
+        view[:] = 1
+        return before
+
+    def read(self, run: Run) -> int:
+        """Mark ``run`` read back; returns how many blocks were written and unread until now."""
+        arr = self._arrays.get(run.seg)
+        if arr is None:
+            return 0
+        view = arr[run.start : min(run.stop, arr.size)]
+        fresh = view == 1
+        n = int(np.count_nonzero(fresh))
+        view[fresh] = 2
+        return n

@@ -60,6 +60,7 @@ class LowerTier(TierIO):
         sim = self.sim
         sess = sim.trace.sessions[session]
         ctx = sess.turns[turn].context
+        self.turn_of[session] = turn
         if self.uses is not None:
             self._count_uses(ctx, sess.id)
         if not self.aware:
@@ -102,6 +103,7 @@ class LowerTier(TierIO):
             raise AssertionError("reasoning segment interning out of order")
         self.seg_class.append(SegmentClass.REASONING)
         self.seg_session.append(session)
+        self.reasoning_turn[seg] = (session, turn)
         run = Run(seg, 0, n)
         self.counters["reasoning_blocks_decoded"] += n
         offered = self.filter_offer([run])

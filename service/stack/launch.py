@@ -14,7 +14,7 @@ from pathlib import Path
 
 from service.processes import ManagedProcess, http_ok
 
-__all__ = ["TENURE_ARGV", "VLLM_SERVER", "engine_process", "start_sidecar"]
+__all__ = ["TENURE_ARGV", "VLLM_SERVER", "engine_process", "sidecar_process", "start_sidecar"]
 
 #: ``tenure ...`` with this interpreter (the console script may not be on PATH).
 TENURE_ARGV = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())"]
@@ -32,12 +32,17 @@ def engine_process(name: str, args: list[str], log_path: Path) -> ManagedProcess
     return ManagedProcess(name, [*VLLM_SERVER, *args], log_path, env=env)
 
 
+def sidecar_process(name: str, port: int, env: dict[str, str], log_path: Path) -> ManagedProcess:
+    """``tenure serve --dev`` on ``port`` with the ``TENURE_*`` settings in ``env`` (not
+    started yet)."""
+    argv = [*TENURE_ARGV, "serve", "--dev", "--port", str(port), "--log-level", "warning"]
+    return ManagedProcess(name, argv, log_path, env={"TENURE_DEV_MODE": "true", **env})
+
+
 def start_sidecar(
     name: str, port: int, env: dict[str, str], log_path: Path, *, timeout: float = 60.0
 ) -> ManagedProcess:
-    """``tenure serve --dev`` on ``port`` with the ``TENURE_*`` settings in ``env``, started
-    and answering ``/healthz``."""
-    argv = [*TENURE_ARGV, "serve", "--dev", "--port", str(port), "--log-level", "warning"]
-    process = ManagedProcess(name, argv, log_path, env={"TENURE_DEV_MODE": "true", **env})
+    """:func:`sidecar_process`, started and answering ``/healthz``."""
+    process = sidecar_process(name, port, env, log_path)
     process.start().wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), timeout)
     return process

@@ -17,6 +17,12 @@ Adapter -> sidecar:
   * :class:`ResidencyReport` periodically: counter *deltas* since the previous report, plus
     current gauges. Reports carry their own per-adapter sequence so the sidecar can drop
     duplicates.
+  * :class:`PlacementReport` periodically from a ``tenure-fs`` SSD tier (its own DEALER,
+    :mod:`engine_adapter.placement_push`): bytes written per tier and segment class, bytes
+    kept off the SSD and deleted per class (deltas), SSD bytes and files in use, the write
+    rate and the projected device-years (gauges). Bounded: one counter per tier and class,
+    never per session; its own ``report_seq`` drops duplicates the same way. A sidecar that
+    predates it counts the frame as undecodable and carries on.
 
 Sidecar -> adapter:
   * :class:`Snapshot` in reply to every ``Hello`` / ``ResyncRequest``, and to every adapter
@@ -37,11 +43,16 @@ from typing import Literal
 
 import msgspec
 
+from service.policy.segments import SegmentClass
+
 __all__ = [
+    "PLACEMENT_CLASSES",
+    "PLACEMENT_TIERS",
     "PROTOCOL_VERSION",
     "Decision",
     "Hello",
     "Message",
+    "PlacementReport",
     "ResidencyReport",
     "ResumeOutcome",
     "ResyncRequest",
@@ -179,7 +190,44 @@ class ResidencyReport(msgspec.Struct, tag="residency", kw_only=True, frozen=True
     resumes: list[ResumeOutcome] = msgspec.field(default_factory=list)
 
 
-Message = Decision | Snapshot | Hello | ResyncRequest | ResidencyReport
+#: The tiers and segment classes a :class:`PlacementReport` may name (``untagged``: blocks of
+#: requests that carried no segments); the sidecar folds anything else into one ``other``.
+PLACEMENT_TIERS = ("dram", "ssd")
+PLACEMENT_CLASSES = (*(c.value for c in SegmentClass), "untagged")
+
+
+class PlacementReport(msgspec.Struct, tag="placement", kw_only=True, frozen=True):
+    """A ``tenure-fs`` SSD tier's placement accounting since its previous report.
+
+    Counters are deltas (bytes); gauges are current values. Byte counts on the SSD side are
+    what really hit the filesystem (file sizes), as the tier's own vLLM metrics count them.
+    """
+
+    adapter_id: str
+    report_seq: int
+    at: float
+    #: The placement policy the tier enforces (``lachesis-wt``, ``write-through``).
+    placement: str = ""
+    #: Tier (``dram``, ``ssd``) -> segment class -> bytes written since the last report.
+    write_bytes: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    #: Segment class -> bytes stored in DRAM that placement kept off the SSD tier.
+    kept_off_ssd_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Segment class -> SSD bytes deleted because their segment closed.
+    deleted_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    deleted_files: int = 0
+    #: Gauges: bytes and files of KV the tier wrote and has not deleted.
+    ssd_used_bytes: int = 0
+    ssd_files: int = 0
+    #: Configured SSD capacity (0: not configured) and warranty (0: not configured).
+    ssd_capacity_bytes: int = 0
+    ssd_warranty_years: float = 0.0
+    ssd_write_rate_bytes_per_s: float = 0.0
+    #: Projected SSD lifetime at the current write rate, 24x7; ``None`` when endurance is not
+    #: configured or nothing was written yet.
+    projected_device_years: float | None = None
+
+
+Message = Decision | Snapshot | Hello | ResyncRequest | ResidencyReport | PlacementReport
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -70,6 +70,51 @@ def test_json_has_the_issue_schema_and_every_call_answered(ab: dict[str, Any]) -
     tools = {name: Counter(c["finish_reason"] for c in doc["calls"][name]) for name in doc["calls"]}
     assert tools["lru"] == tools["tenure"]  # the same answers in both arms
     assert "host-tier hit rate" in ab["stdout"] and "tenure - lru" in ab["stdout"]
+    # --quick: both stacks started together; what the waiting one cost the first arm is said.
+    assert doc["config"]["quick"] is True and doc["config"]["engine"]["executor"] == "uni"
+    share = doc["config"]["waiting_stacks_cpu_share"]
+    assert share["tenure"] is None and 0 <= share["lru"] < 0.5
+    assert "the stacks still waiting used" in ab["stdout"]
+    # The engine's measured speed beside the profile's, per arm.
+    for speed in doc["engine_speed"].values():
+        assert speed["requests"] >= calls
+        assert speed["prefill_tokens_per_s"] > 0 and speed["profile_prefill_tokens_per_s"] > 0
+        assert speed["decode_step_s"] > 0 and speed["profile_decode_step_s"] > 0
+        assert ("warning:" in ab["stdout"]) >= speed["out_of_regime"]
+
+
+def test_out_of_regime_flags_a_speed_more_than_twice_off_the_profile() -> None:
+    from service.live.speed import engine_speed, out_of_regime
+    from service.replay.hardware import get_profile
+
+    profile = get_profile("cpu-tiny-fp32")
+    metrics = {
+        'vllm:prompt_tokens_by_source_total{source="local_compute"}': 10_000.0,
+        'vllm:prompt_tokens_by_source_total{source="local_cache_hit"}': 5_000.0,
+        "vllm:request_prefill_time_seconds_count": 10.0,
+        "vllm:generation_tokens_total": 110.0,
+    }
+    step = 0.01  # the simulated arm's decode step
+    model = engine_speed({**metrics, "vllm:request_prefill_time_seconds_sum": 1.0}, profile, step)
+    at_model = model["profile_prefill_tokens_per_s"]
+    # The profile's own speeds are in the regime; a third of them (or triple) is not.
+    for prefill_s, decode_s, off in (
+        (10_000 / at_model, 100 * step, 0),
+        (3 * 10_000 / at_model, 100 * step, 1),
+        (10_000 / at_model / 3, 3 * 100 * step, 2),
+    ):
+        speed = engine_speed(
+            {
+                **metrics,
+                "vllm:request_prefill_time_seconds_sum": prefill_s,
+                "vllm:request_decode_time_seconds_sum": decode_s,
+            },
+            profile,
+            step,
+        )
+        assert speed["requests"] == 10
+        assert len(out_of_regime(speed)) == off, speed
+    assert engine_speed({}, profile, step)["prefill_tokens_per_s"] is None
 
 
 @pytest.mark.timeout(700)

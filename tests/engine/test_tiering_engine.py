@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from engine_adapter.placement_push import placement_delta
 from engine_adapter.testing.engine import live_manager
 from tests.engine.conftest import metric, settle
 
@@ -196,6 +197,17 @@ def test_reasoning_never_hits_the_ssd_and_a_worker_is_deleted_at_its_return(
     assert report["write_bytes"]["dram:reasoning"] == tier.block_size_bytes
     assert report["projected_device_years"] is not None and report["warranty_years"] == 5.0
     assert metric(llm, "vllm:kv_offload_segment_write_bytes") > 0
+    # What the tier would push to the sidecar (engine_adapter.placement_push) is the same
+    # accounting: per tier and class, every file written was deleted by a boundary.
+    push = placement_delta(tier.placement_totals(), None, adapter_id="e", seq=1, at=0.0)
+    assert push.placement == "lachesis-wt"
+    assert push.write_bytes["dram"]["reasoning"] == tier.block_size_bytes
+    assert "reasoning" not in push.write_bytes["ssd"]
+    assert push.kept_off_ssd_bytes["worker"] == 3 * tier.block_size_bytes
+    assert push.deleted_bytes["worker"] == 3 * tier.block_size_bytes  # the long worker's
+    assert sum(push.write_bytes["ssd"].values()) == sum(push.deleted_bytes.values()) > 0
+    assert push.deleted_files == tier.deleted_files >= 6  # the lead's 3 and the worker's 3
+    assert push.ssd_used_bytes == push.ssd_files == 0 and push.ssd_warranty_years == 5.0
 
 
 def test_bad_segment_input_is_counted_and_served(engines: Any, fs_root: Path) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from service.policy.ranker import (
+    EXTENDED_FEATURES,
+    NUMERIC_FEATURES,
     HeuristicRanker,
     RankerArtefactError,
     RidgeRanker,
@@ -18,6 +20,7 @@ from service.policy.ranker import (
 from service.policy.ranker_fit import (
     LabeledSpawn,
     cross_validate,
+    fit_pairwise,
     fit_ridge,
     grouped_folds,
     kendall_tau,
@@ -114,3 +117,46 @@ def test_heuristic_fallback_orders_by_type():
     assert explore < unknown < plan
     assert model_family("claude-haiku-4-5-20251001") == "haiku"
     assert model_family("") == "" and model_family("mystery") == "other"
+
+
+def with_history(n_sessions: int = 8) -> list[LabeledSpawn]:
+    """Workers whose lifetime grows with how many the session spawned before (the Claude Code
+    trace's strongest spawn-time signal), invisible to the base features."""
+    out = []
+    for s in range(n_sessions):
+        for k in range(4):
+            life = 50.0 * (1 + k) * (1 + 0.05 * s)
+            rec = SpawnRecord("Explore", "claude-haiku-4-5", 10000, 7000, 900, workers_before=k)
+            out.append(LabeledSpawn(f"s{s}", f"s{s}/w{k}", rec, life))
+    return out
+
+
+def test_extended_features_carry_the_session_history(tmp_path: Path):
+    data = with_history()
+    cv = cross_validate(data)
+    # The base features are identical across a session's workers: nothing to rank by.
+    assert cv["rankers"]["ridge-extended"]["kendall_tau_within_session"] > 0.9
+    assert cv["rankers"]["pairwise-extended"]["kendall_tau_within_session"] > 0.9
+    assert not cv["rankers"]["ridge"]["kendall_tau_within_session"] > 0.5
+    assert cv == cross_validate(data)  # deterministic
+    model = fit_ridge(data, 1.0, numeric=EXTENDED_FEATURES)
+    path = tmp_path / "extended.json"
+    model.save(path)
+    loaded = RidgeRanker.load(path)
+    assert loaded.numeric_features == EXTENDED_FEATURES
+    assert loaded.to_json() == model.to_json()
+    early, late = data[0].record, data[3].record
+    assert loaded.predict_lifetime_s(early) < loaded.predict_lifetime_s(late)
+    pairwise = fit_pairwise(data, 1.0)
+    assert pairwise.predict_log(early) < pairwise.predict_log(late)
+
+
+def test_a_version_1_artefact_still_loads():
+    doc = fit_ridge(synthetic(), 1.0).to_json()
+    old = {k: v for k, v in doc.items() if k != "numeric_features"} | {"version": 1}
+    loaded = RidgeRanker.from_json(json.loads(json.dumps(old)))
+    assert loaded.numeric_features == NUMERIC_FEATURES
+    rec = synthetic()[0].record
+    assert loaded.predict_log(rec) == pytest.approx(fit_ridge(synthetic(), 1.0).predict_log(rec))
+    with pytest.raises(RankerArtefactError, match="unknown feature"):
+        RidgeRanker.from_json({**doc, "numeric_features": ["log_context_tokens", "secret"]})

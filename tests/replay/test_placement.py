@@ -129,6 +129,30 @@ def test_write_volumes_order_as_the_mechanisms_imply(runs: dict[str, RunResult])
         assert rep["ssd_write_bytes_total"] == pytest.approx(sum(rep["ssd_write_bytes"].values()))
 
 
+def test_ssd_writes_decompose_by_class_and_cause(runs: dict[str, RunResult]):
+    """Every SSD byte is attributed to a class and a cause; blind cascade-on-eviction writes
+    dead blocks (stripped reasoning, ended sessions), the lifecycle-aware one writes none of
+    reasoning; what is read back or rewritten never exceeds what was written."""
+    for name, r in runs.items():
+        rep = r.tiering
+        by_cause = rep["ssd_write_bytes_by_cause"]
+        assert set(by_cause) == set(rep["ssd_write_bytes"]), name
+        for cls, causes in by_cause.items():
+            assert sum(causes.values()) == rep["ssd_write_bytes"][cls], (name, cls)
+            assert rep["ssd_read_back_bytes"].get(cls, 0) <= rep["ssd_write_bytes"][cls]
+            assert rep["ssd_rewritten_bytes"].get(cls, 0) <= rep["ssd_write_bytes"][cls]
+        first = rep["ssd_write_bytes_total"] - sum(rep["ssd_rewritten_bytes"].values())
+        assert first <= sum(rep["materialized_bytes"].values()), name
+        assert 0.0 <= rep["fast_store_share"] <= 1.0
+    dram_first = runs["dram-first"].tiering["ssd_write_bytes_by_cause"]
+    assert dram_first["reasoning"].get("evicted_dead", 0) > 0
+    assert set(runs["write-through"].tiering["ssd_write_bytes_by_cause"]["lead"]) <= {
+        "through_live",
+        "through_dead",
+    }
+    assert "reasoning" not in runs["lachesis"].tiering["ssd_write_bytes_by_cause"]
+
+
 def test_replay_with_an_ssd_tier_is_deterministic(
     claude_small: Trace, notes: WorkloadNotes, runs: dict[str, RunResult]
 ):

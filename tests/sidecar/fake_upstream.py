@@ -14,7 +14,11 @@ It records every request it receives (headers and JSON body) and behaves by mode
   ``usage`` (``reasoning_tokens`` included), counted as :func:`prompt_tokens` renders;
   ``POST /tokenize`` counts a chat prompt the same way (vLLM's route).
 
-Streaming requests get SSE chunks.
+Streaming requests get SSE chunks. Prompt "tokens" are whitespace-separated words of the
+request's text (chat: its messages; ``/v1/messages``: the system prompt and the messages, half
+of them reported as cache reads, as vLLM reports a prefix hit in Anthropic's usage;
+``/v1/responses``: the instructions and the input, plus the whole stored conversation a
+``previous_response_id`` continues, as the engine's prompt holds it); answers are 3 tokens.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class FakeUpstream:
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: Responses answered so far (their ids are ``resp_<n>``).
     responses: int = 0
+    #: Prompt plus answer tokens of each Responses answer (what a request continuing it adds).
+    conversation_tokens: dict[str, int] = field(default_factory=dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,10 +95,15 @@ class FakeUpstream:
         if scope["path"] in ("/v1/messages", "/v1/responses") and model not in _SPECIAL_MODELS:
             streamed = isinstance(body, dict) and bool(body.get("stream"))
             if scope["path"] == "/v1/messages":
-                await _anthropic(send, model, streamed)
+                await _anthropic(send, model, streamed, _anthropic_words(body))
             else:
                 self.responses += 1
-                await _responses(send, model, streamed, f"resp_{self.responses:06d}")
+                answer = f"resp_{self.responses:06d}"
+                prompt = _responses_words(body)
+                before = body.get("previous_response_id") if isinstance(body, dict) else None
+                prompt += self.conversation_tokens.get(str(before), 0)
+                self.conversation_tokens[answer] = prompt + 3
+                await _responses(send, model, streamed, answer, prompt)
             return
         if model == "error":
             await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})
@@ -228,13 +239,14 @@ async def _events(send: Send, events: list[tuple[str, Any]]) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _anthropic(send: Send, model: str, stream: bool) -> None:
+async def _anthropic(send: Send, model: str, stream: bool, prompt: int = 5) -> None:
     """An Anthropic Messages answer (vLLM's /v1/messages), whole or as its event stream."""
     stop = _ANTHROPIC_STOPS.get(model, "end_turn")
     blocks: list[dict[str, Any]] = [{"type": "text", "text": "hi"}]
     if stop == "tool_use":
         blocks.append({"type": "tool_use", "id": "toolu_1", "name": "run_tests", "input": {}})
-    usage = {"input_tokens": 5, "output_tokens": 3}
+    cached = prompt // 2
+    usage = {"input_tokens": prompt - cached, "cache_read_input_tokens": cached, "output_tokens": 3}
     message = {
         "id": "msg_1", "type": "message", "role": "assistant", "model": model,
         "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage,
@@ -270,7 +282,9 @@ async def _anthropic(send: Send, model: str, stream: bool) -> None:
     await _events(send, events)
 
 
-async def _responses(send: Send, model: str, stream: bool, response_id: str) -> None:
+async def _responses(
+    send: Send, model: str, stream: bool, response_id: str, prompt: int = 5
+) -> None:
     """An OpenAI Responses answer (vLLM's /v1/responses), whole or as its event stream."""
     if model == "tool":
         item: dict[str, Any] = {
@@ -286,7 +300,8 @@ async def _responses(send: Send, model: str, stream: bool, response_id: str) -> 
     response = {
         "id": response_id, "object": "response", "created_at": 1, "model": model,
         "status": status, "output": [item], "parallel_tool_calls": True, "tool_choice": "auto",
-        "tools": [], "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+        "tools": [], "usage": {"input_tokens": prompt, "output_tokens": 3,
+                               "total_tokens": prompt + 3,
                                "input_tokens_details": {"cached_tokens": 0},
                                "output_tokens_details": {"reasoning_tokens": 0}},
     }  # fmt: skip
@@ -317,6 +332,35 @@ def _words(body: Any) -> int:
     if not isinstance(messages, list):
         return 0
     return sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
+
+
+def _text_words(content: Any) -> int:
+    """Words of a content field: a string, or the ``text`` of its blocks."""
+    if isinstance(content, str):
+        return len(content.split())
+    if isinstance(content, list):
+        return sum(len(str(b.get("text", "")).split()) for b in content if isinstance(b, dict))
+    return 0
+
+
+def _anthropic_words(body: Any) -> int:
+    if not isinstance(body, dict):
+        return 0
+    given = body.get("messages")
+    messages: list[Any] = given if isinstance(given, list) else []
+    return _text_words(body.get("system")) + sum(
+        _text_words(m.get("content")) for m in messages if isinstance(m, dict)
+    )
+
+
+def _responses_words(body: Any) -> int:
+    if not isinstance(body, dict):
+        return 0
+    given = body.get("input")
+    items = given if isinstance(given, list) else [{"content": given}]
+    return _text_words(body.get("instructions")) + sum(
+        _text_words(i.get("content")) for i in items if isinstance(i, dict)
+    )
 
 
 def _sse(obj: Any) -> bytes:

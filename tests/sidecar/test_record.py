@@ -3,6 +3,7 @@ the setting or the admin REST, bounded, exported in the canonical format the rep
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,3 +115,152 @@ def test_tenure_record_cli_switches_and_exports(
     missing = tmp_path / "no" / "rec.jsonl"
     assert main(["record", "--url", base, "export", "--out", str(missing)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _usage_of(r: httpx.Response) -> dict[str, int]:
+    """The usage the client saw in an answer, whole or streamed (last value of each count)."""
+    found: dict[str, int] = {}
+    if r.headers["content-type"].startswith("text/event-stream"):
+        objs = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+    else:
+        objs = [r.json()]
+    for obj in objs:
+        for usage in (
+            obj.get("usage"),
+            (obj.get("message") or {}).get("usage"),
+            (obj.get("response") or {}).get("usage"),
+        ):
+            if isinstance(usage, dict):
+                found.update({k: v for k, v in usage.items() if isinstance(v, int)})
+    return found
+
+
+def test_messages_and_responses_turns_are_recorded_and_replay(
+    client: httpx.Client, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Both shaped routes recorded in the canonical format with their own usage fields and
+    stop reasons, their prefix structure hashed from their own message structure, and the
+    export replayed by ``tenure replay ladder --format canonical``."""
+    from service.cli import main
+
+    assert client.put("/admin/record", json={"enabled": True}, headers=ADMIN).status_code == 200
+    secret = " ".join(f"secret{i}" for i in range(240))
+    system = [{"type": "text", "text": "sys " * 60, "cache_control": {"type": "ephemeral"}}]
+    first = [{"role": "user", "content": [{"type": "text", "text": secret}]}]
+    cc_user = "user_ab12_account_00000000-0000-0000-0000-000000000001_session_" + "5" * 32
+    seen: dict[str, list[tuple[int, int, str]]] = {"messages": [], "responses": []}
+
+    def messages(model: str, msgs: list[Any], *, stream: bool) -> None:
+        body = {
+            "model": model, "max_tokens": 8, "system": system, "messages": msgs,
+            "stream": stream, "metadata": {"user_id": cc_user},
+        }  # fmt: skip
+        r = client.post("/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        u = _usage_of(r)
+        prompt = u["input_tokens"] + u.get("cache_read_input_tokens", 0)
+        stop = "tool_use" if model == "tool" else "end_turn"
+        seen["messages"].append((prompt, u["output_tokens"], stop))
+
+    # (The fake engine picks its stop reason by model name: one model per session, as a
+    # harness sends; a different model is a different prompt.)
+    messages("tool", first, stream=True)
+    # The next call: the breakpoint moved to the newest block, the answer and a tool result
+    # appended (the prefix is the same bytes without the markers).
+    marked = [{"type": "text", "text": "result " * 30, "cache_control": {"type": "ephemeral"}}]
+    second = [
+        {"role": "user", "content": [{"type": "text", "text": secret}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "user", "content": marked},
+    ]
+    messages("tool", second, stream=False)
+
+    previous: str | None = None
+    for k, (stream, text) in enumerate([(False, secret), (True, "more " * 40), (False, "x y")]):
+        body: dict[str, Any] = {
+            "model": "echo", "instructions": "be brief " * 20,
+            "input": text, "stream": stream,
+        }  # fmt: skip
+        if previous is not None:
+            body["previous_response_id"] = previous
+        headers = {"X-Tenure-Last-Turn": "true"} if k == 2 else {}
+        r = client.post("/v1/responses", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        if stream:
+            done = [json.loads(x[5:]) for x in r.text.splitlines() if x.startswith("data:")]
+            previous = done[-1]["response"]["id"]
+        else:
+            previous = r.json()["id"]
+        u = _usage_of(r)
+        stop = "stop"
+        seen["responses"].append((u["input_tokens"], u["output_tokens"], stop))
+
+    status = _wait_turns(client, 5)
+    assert status["turns"] == 5 and status["dropped"] == 0
+    out = tmp_path / "rec.jsonl"
+    monkeypatch.setenv("TENURE_ADMIN_TOKEN", ADMIN_TOKEN)
+    base = str(client.base_url).rstrip("/")
+    assert main(["record", "--url", base, "export", "--out", str(out), "--block-tokens", "16"]) == 0
+    text = out.read_text()
+    # No text and no client session id leaves the sidecar.
+    assert "secret" not in text and "sys" not in text and "5555" not in text
+    trace = load_canonical(out)
+    got = sorted(
+        [(t.input_tokens, t.output_tokens, t.stop) for t in s.turns] for s in trace.sessions
+    )
+    assert got == sorted(seen.values())
+    by_turns = {len(s.turns): s for s in trace.sessions}
+    msgs, resp = by_turns[2], by_turns[3]
+    # Messages: the second call shares the first's prefix (system + the first message).
+    assert msgs.turns[1].seen_blocks >= (60 + 240) // 16 - 2
+    # Responses: each chained call carries only its new input, yet shares the whole
+    # conversation before it, as the engine's prompt does.
+    assert resp.turns[1].seen_blocks >= resp.turns[0].blocks - 1
+    assert resp.turns[2].seen_blocks >= resp.turns[1].blocks - 1
+    assert resp.turns[2].input_tokens > resp.turns[1].input_tokens > resp.turns[0].input_tokens
+    replayed = tmp_path / "replay.json"
+    code = main([
+        "replay", "ladder", "--format", "canonical", "--trace", str(out),
+        "--policies", "lru,tenure", "--hardware", "cpu-tiny-fp32", "--host-gib", "0.01",
+        "--arrival-rate", "1", "--seeds", "0", "--boot", "0", "--jobs", "1",
+        "--json", str(replayed),
+    ])  # fmt: skip
+    assert code == 0
+    results = json.loads(replayed.read_text())["results"]
+    assert {name: r["turns"] for name, r in results.items()} == {"lru": 5, "tenure": 5}
+    assert results["lru"]["prefill_tokens"] > 0
+
+
+def test_responses_continuations_stay_per_tenant_and_bounded(monkeypatch: Any) -> None:
+    """A chained Responses request continues only its own tenant's answer, and what a
+    replica keeps for continuations is bounded (oldest answers go first)."""
+    from service.api import recorder as rec
+    from service.api.hints import Hints
+
+    class _Client:
+        def register_script(self, script: str) -> None:
+            return None
+
+    r = rec.Recorder(
+        _Client(), "t", enabled=True, max_bytes=1 << 20, chunk_bytes=256,  # type: ignore[arg-type]
+        clock=time.time,
+    )  # fmt: skip
+    first = {"model": "m", "instructions": "i", "input": "w " * 400}
+    pending = r.begin(first, Hints(), "responses", "alpha")
+    assert pending is not None
+    r.answered(pending, "alpha", "resp_1", {"input": 400, "output": 3})
+    chained = {"model": "m", "instructions": "i", "input": "more", "previous_response_id": "resp_1"}
+    mine = r.begin(chained, Hints(), "responses", "alpha")
+    theirs = r.begin(chained, Hints(), "responses", "beta")
+    assert mine is not None and theirs is not None
+    assert mine.chunks[: len(pending.chunks)] == pending.chunks  # goes on from its answer
+    assert theirs.chunks[0] != pending.chunks[0]  # another tenant's answer is not continued
+    # Other instructions: a different prompt, not a continuation.
+    other = r.begin({**chained, "instructions": "j"}, Hints(), "responses", "alpha")
+    assert other is not None and other.chunks[0] != pending.chunks[0]
+    monkeypatch.setattr(rec, "MAX_CONTINUATION_PIECES", 3 * len(pending.chunks))
+    for i in range(10):
+        r.answered(pending, "alpha", f"resp_x{i}", {"output": 3})
+    assert len(r._continuations) == 3
+    assert r._continuation_pieces == 3 * len(pending.chunks)
+    assert ("alpha", "resp:resp_1") not in r._continuations  # the oldest went first

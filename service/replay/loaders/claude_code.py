@@ -149,11 +149,16 @@ class _Loader:
             )
 
 
-def load_claude_code(path: Path) -> Trace:
+def load_claude_code(path: Path, max_roots: int | None = None) -> Trace:
+    """The trace; with ``max_roots``, only its first root sessions (and their sub-agents):
+    block ids are local to a root session, so those come out exactly as in the whole trace."""
     trace = Trace(name=path.name, block_tokens=0)
     table = SegmentTable(trace.segment_owner)
     loader = _Loader(trace, table)
+    roots = 0
     for line_no, obj in json_lines(path):
+        if max_roots is not None and roots >= max_roots:
+            break
         where = f"{path}:{line_no}"
         sid = require(obj, "id", str, where)
         block = require(obj, "block_size", int, where)
@@ -167,6 +172,7 @@ def load_claude_code(path: Path) -> Trace:
             continue
         builder = SegmentBuilder(table)  # ids are local to a session and its sub-agents
         loader.session(sid, requests, where, builder, None, -1, 0.0, None)
+        roots += 1
     if not trace.sessions:
         raise TraceError(f"{path}: no sessions in trace")
     return trace

@@ -11,6 +11,7 @@ sessions and turns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,18 @@ def _int(req: dict[str, Any], key: str) -> int:
     return 0
 
 
+def _float(req: dict[str, Any], key: str) -> float:
+    value = req.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return 0.0
+
+
+def _types(req: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = req.get(key)
+    return tuple(str(t) for t in value) if isinstance(value, list) else ()
+
+
 def _lifetime_s(entry: dict[str, Any], inner: list[Any]) -> float:
     duration = entry.get("duration_ms")
     if isinstance(duration, int | float) and not isinstance(duration, bool) and duration >= 0:
@@ -85,11 +98,20 @@ class _Reader:
     def session(self, sid: str, root: str, requests: list[Any], where: str) -> None:
         calls: list[CallMeta] = []
         last_in = 0
+        last_call: dict[str, Any] = {}
         group: list[tuple[str, dict[str, Any], list[Any]]] = []
         pending: list[tuple[str, list[Any], str]] = []
+        earlier: list[tuple[float, float]] = []  # (spawn t, lifetime s) of this session's workers
 
         def flush_group() -> None:
             for index, (child, entry, inner) in enumerate(group):
+                at = float(entry.get("t", 0.0) or 0.0)
+                returned = [life for t, life in earlier if t + life <= at]
+                mean_life = (
+                    math.exp(sum(math.log(max(v, 1e-3)) for v in returned) / len(returned))
+                    if returned
+                    else 0.0
+                )
                 models = entry.get("models") or []
                 first = next(r for r in inner if isinstance(r, dict) and r.get("type") in _CALLS)
                 record = SpawnRecord(
@@ -103,11 +125,18 @@ class _Reader:
                     parent_context_tokens=last_in,
                     fanout=len(group),
                     sibling_index=index,
-                    session_elapsed_s=float(entry.get("t", 0.0) or 0.0),
+                    session_elapsed_s=at,
+                    parent_output_tokens=_int(last_call, "out"),
+                    parent_thinking="thinking" in _types(last_call, "output_types"),
+                    parent_human_turn="text" in _types(last_call, "input_types"),
+                    parent_gap_s=_float(last_call, "think_time"),
+                    workers_before=len(earlier),
+                    workers_returned=len(returned),
+                    returned_mean_lifetime_s=mean_life,
                 )
-                self.meta.spawns.append(
-                    LabeledSpawn(root, child, record, _lifetime_s(entry, inner))
-                )
+                lifetime = _lifetime_s(entry, inner)
+                self.meta.spawns.append(LabeledSpawn(root, child, record, lifetime))
+                earlier.append((at, lifetime))
                 self.meta.subagent_types[child] = record.subagent_type
             group.clear()
 
@@ -138,6 +167,7 @@ class _Reader:
                 )
             )
             last_in = _int(req, "in") + _int(req, "out")
+            last_call = req
         flush_group()
         self.meta.calls[sid] = calls
         for child, inner, w in pending:

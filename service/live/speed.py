@@ -1,0 +1,107 @@
+"""How fast the engine ran during an arm, beside the speed its hardware profile assumes.
+
+The simulated columns are the profile's physics: where the live engine ran much slower than
+the profile (a loaded machine: calibration under load measured 3.5x the step overhead), calls
+overlap more in the small pool, fewer prefix hits survive, and the simulator's figures are out
+of the regime they were calibrated in. So each arm reports the speeds vLLM's own timers saw
+(the same timers ``tenure calibrate-profile`` reads) and what the profile predicts for the
+same work:
+
+* prefill: prompt tokens computed / the sum of the requests' prefill times (first scheduled to
+  first token); the profile's figure is one step over the arm's mean computed tokens per
+  request, attending to its mean cached context. Prefills that share a step count that step
+  once each, so a busy engine's figure is a lower bound;
+* decode: the requests' decode time (first token to last) / their output tokens after the
+  first; the profile's figure is the same ratio in the simulated arm (completion - first
+  token, over the same calls' output tokens after the first), so decode steps shared with
+  other calls' prefills count alike on both sides.
+
+A speed more than :data:`REGIME_FACTOR` times off the profile's, either way, is flagged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from service.live.arm import sum_metric
+from service.replay.hardware import HardwareProfile
+from service.replay.model import Trace
+from service.replay.results import RunResult
+
+__all__ = ["REGIME_FACTOR", "engine_speed", "out_of_regime", "simulated_decode_step"]
+
+#: How far (either way) a live speed may be from the profile's before the simulated columns
+#: are flagged as out of their calibrated regime.
+REGIME_FACTOR = 2.0
+_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+
+
+def simulated_decode_step(run: RunResult, trace: Trace) -> float | None:
+    """Seconds per output token after the first in a simulated arm (``None``: no decode)."""
+    seconds = 0.0
+    tokens = 0
+    for i, session in enumerate(run.turn_session):
+        extra = trace.sessions[session].turns[run.turn_index[i]].output_tokens - 1
+        if extra > 0:
+            seconds += run.jct_s[i] - run.ttft_s[i]
+            tokens += extra
+    return seconds / tokens if tokens else None
+
+
+def engine_speed(
+    engine: Mapping[str, float], profile: HardwareProfile, simulated_decode_s: float | None
+) -> dict[str, Any]:
+    """The arm's measured speeds and the profile's for the same work (``None`` where the
+    engine's metrics had nothing to measure); ``simulated_decode_s`` is
+    :func:`simulated_decode_step` of the arm's simulated run."""
+    computed = sum_metric(engine, _BY_SOURCE, source="local_compute")
+    cached = sum_metric(engine, _BY_SOURCE, source="local_cache_hit") + sum_metric(
+        engine, _BY_SOURCE, source="external_kv_transfer"
+    )
+    requests = sum_metric(engine, "vllm:request_prefill_time_seconds_count")
+    prefill_s = sum_metric(engine, "vllm:request_prefill_time_seconds_sum")
+    decode_s = sum_metric(engine, "vllm:request_decode_time_seconds_sum")
+    # Every request's first output token comes out of its prefill step.
+    decoded = sum_metric(engine, "vllm:generation_tokens_total") - requests
+    out: dict[str, Any] = {
+        "prefill_tokens_per_s": None,
+        "profile_prefill_tokens_per_s": None,
+        "decode_step_s": None,
+        "profile_decode_step_s": None,
+        "requests": int(requests),
+    }
+    if requests <= 0:
+        return out
+    new = computed / requests
+    context = cached / requests
+    if prefill_s > 0 and new >= 1:
+        out["prefill_tokens_per_s"] = computed / prefill_s
+        tokens = max(1, round(new))
+        step = profile.step_seconds(tokens, tokens * (context + tokens / 2), context + tokens)
+        out["profile_prefill_tokens_per_s"] = tokens / step
+    if decode_s > 0 and decoded > 0:
+        out["decode_step_s"] = decode_s / decoded
+        out["profile_decode_step_s"] = simulated_decode_s
+    return out
+
+
+def out_of_regime(speed: Mapping[str, Any]) -> list[str]:
+    """What is more than :data:`REGIME_FACTOR` times off the profile, in words (empty: none)."""
+    said: list[str] = []
+    live, model = speed.get("prefill_tokens_per_s"), speed.get("profile_prefill_tokens_per_s")
+    if live and model and not 1 / REGIME_FACTOR <= live / model <= REGIME_FACTOR:
+        said.append(
+            f"prefill {live:,.0f} tokens/s against the profile's {model:,.0f} "
+            f"({model / live:.1f}x slower)"
+            if live < model
+            else f"prefill {live:,.0f} tokens/s against the profile's {model:,.0f} "
+            f"({live / model:.1f}x faster)"
+        )
+    live, model = speed.get("decode_step_s"), speed.get("profile_decode_step_s")
+    if live and model and not 1 / REGIME_FACTOR <= live / model <= REGIME_FACTOR:
+        said.append(
+            f"decode step {live * 1e3:.1f} ms against the profile's {model * 1e3:.1f} ms "
+            f"({live / model:.1f}x)"
+        )
+    return said
