@@ -181,6 +181,7 @@ async def suspend_session(
             return lifecycle.on_suspend(
                 now, expected_wait_s=request.expected_wait_s,
                 retention=control.settings(runtime.config), estimated_lambda=lam, branch=branch,
+                declared_retention_s=record.retention_s,
             )  # fmt: skip
         return lifecycle.on_suspend(
             now,
@@ -188,6 +189,7 @@ async def suspend_session(
             retention=runtime.config.retention(),
             estimated_lambda=runtime.estimated_lambda(now),
             calibration_waits_s=runtime.calibration_waits,
+            declared_retention_s=record.retention_s,
         )
 
     def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:

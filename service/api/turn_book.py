@@ -342,6 +342,12 @@ class TurnBook:
         update.fields[RecordField.LAST_END] = repr(now)
         update.fields[RecordField.STOP_REASON] = turn.stop_reason or ""
         update.fields[RecordField.TOOL] = _clean_tool(turn.tool)
+        # The turn's declared retention bounds the session's next suspension's host TTL; a
+        # turn that declares none clears it (never act on a stale hint).
+        if hints.retention_s is not None:
+            update.fields[RecordField.RETENTION_S] = repr(float(hints.retention_s))
+        else:
+            update.deleted.append(RecordField.RETENTION_S)
         try:
             status, _seq = await self.store.apply(
                 turn.tenant,

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.policy.gap import GapPredictor, stop_class
-from service.policy.retention import PriceVector, host_ttl_seconds
+from service.policy.retention import (
+    PriceVector,
+    bound_by_declared_retention,
+    host_ttl_seconds,
+)
 from service.policy.retention_costs import choose_regime
 from service.policy.types import EvictionClass
 
@@ -97,6 +101,7 @@ def on_suspend(
     estimated_lambda: float,
     calibration_waits_s: Sequence[float] = (),
     branch: Literal["retain", "ttl"] | None = None,
+    declared_retention_s: float | None = None,
 ) -> LifecycleDecision:
     """A human-approval wait begins: keep the host copy for ``t2(lambda)`` (or indefinitely).
 
@@ -105,6 +110,10 @@ def on_suspend(
     the sidecar): ``ttl`` gives ``t2(lambda)`` (none while uncongested), ``retain`` none.
     Without it, calibration waits are scored here (the regime choice per suspension);
     without those either, the TTL branch applies whenever the host tier is congested.
+    ``declared_retention_s``, the session's own client-declared retention (its last turn's
+    ``cache_control`` TTL), caps the hold while the tier is congested
+    (:func:`~service.policy.retention.bound_by_declared_retention`; reason
+    ``client_retention`` when it is what binds).
     """
     lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda
     if branch is not None:
@@ -123,6 +132,11 @@ def on_suspend(
     else:
         ttl = host_ttl_seconds(lam, retention.price, retention.host_slots, retention.w_ref_s)
         reason = "host_retain" if ttl is None else "host_ttl"
+    bounded = bound_by_declared_retention(
+        ttl, declared_retention_s, lam, retention.host_slots, retention.w_ref_s
+    )
+    if bounded != ttl:
+        ttl, reason = bounded, "client_retention"
     wakeup = None if expected_wait_s is None else now + expected_wait_s
     return LifecycleDecision("suspended", expected_wait_s, wakeup, False, False, ttl, reason)
 

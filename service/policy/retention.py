@@ -28,6 +28,7 @@ __all__ = [
     "LambdaEstimator",
     "PriceVector",
     "alpha2",
+    "bound_by_declared_retention",
     "hold_cost",
     "host_ttl_seconds",
     "lambda_crit",
@@ -102,3 +103,29 @@ def host_ttl_seconds(lam: float, price: PriceVector, c2: float, w_ref_s: float) 
     if price_2 <= 0:
         return None
     return (price.beta3 - price.beta2) / price_2
+
+
+def bound_by_declared_retention(
+    ttl_s: float | None,
+    declared_s: float | None,
+    lam: float,
+    c2: float,
+    w_ref_s: float,
+) -> float | None:
+    """The host TTL of one suspension whose client declared how long it wants its prefix kept.
+
+    A client-declared retention (a ``cache_control`` TTL on ``/v1/messages``) says the
+    client does not count on its prefix being kept longer. While the host tier is congested
+    (``lambda > lambda_crit``: a held slot has the price ``alpha2 > 0``), holding that
+    session's copy past it only takes a slot another suspension could use, so the TTL is the
+    shorter of the two. While uncongested, holding is free (``alpha2 = 0``) and a late resume
+    may still hit, so the declaration changes nothing. It only ever shortens a hold: a hint
+    cannot make a session keep a slot longer than its tenant's controller would.
+    """
+    if declared_s is None:
+        return ttl_s
+    if not (math.isfinite(declared_s) and declared_s >= 0):
+        raise ValueError(f"declared retention must be a finite number >= 0, got {declared_s!r}")
+    if alpha2(lam, c2, w_ref_s, 1.0) <= 0:
+        return ttl_s
+    return declared_s if ttl_s is None else min(ttl_s, declared_s)

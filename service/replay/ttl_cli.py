@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--margin", default=None, help="online controller's switching margin (default 0.05)"
     )
     parser.add_argument("--seed", default="0", help="base seed")
+    parser.add_argument(
+        "--spread-seeds", default="",
+        help="more base seeds (e.g. 1,2,3,4): rerun Table 6 under each and report each "
+        "controller's gain per cell across all of them (mean, sd, range, shortfalls)",
+    )  # fmt: skip
     parser.add_argument("--trace", type=Path, default=None, help="Claude Code trace (human gaps)")
     parser.add_argument("--no-drift", action="store_true", help="skip the non-stationary day")
     parser.add_argument("--drift-replicates", default="3", help="replicates of the drift day")
@@ -141,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
     from service.replay.progress import ProgressBar
     from service.replay.ttl_drift import DEFAULT_ESTIMATORS, DriftSpec, run_drift
     from service.replay.ttl_families import synthetic_family
-    from service.replay.ttl_report import drift_table, plot_ttl, table6_table
-    from service.replay.ttl_table6 import Table6Spec, run_table6
+    from service.replay.ttl_report import drift_table, plot_ttl, spread_table, table6_table
+    from service.replay.ttl_table6 import Table6Spec, run_table6, seed_spread
 
     model = _model(args)
     loads = [_number(v, "--loads") for v in args.loads.split(",") if v.strip()]
@@ -156,6 +162,12 @@ def run(args: argparse.Namespace) -> int:
     seed = int(float(args.seed)) if args.seed.strip().lstrip("-").isdigit() else None
     if seed is None:
         raise UsageError(f"--seed must be an integer, got {args.seed!r}")
+    spread_seeds: list[int] = []
+    for part in (p.strip() for p in args.spread_seeds.split(",")):
+        if part and not part.lstrip("-").isdigit():
+            raise UsageError(f"--spread-seeds must be integers, got {part!r}")
+        if part and int(part) != seed and int(part) not in spread_seeds:
+            spread_seeds.append(int(part))
     estimators = list(DEFAULT_ESTIMATORS)
     if args.estimator is not None:
         try:
@@ -189,6 +201,11 @@ def run(args: argparse.Namespace) -> int:
     cells = run_table6(spec, bar.update)
     bar.close()
     print(table6_table(cells))
+    runs = {seed: cells}
+    for extra in spread_seeds:
+        bar = ProgressBar(f"table 6, seed {extra}")
+        runs[extra] = run_table6(replace(spec, seed=extra), bar.update)
+        bar.close()
     doc: dict[str, Any] = {
         "config": {
             "price": {
@@ -220,6 +237,10 @@ def run(args: argparse.Namespace) -> int:
         },
         "cells": cells,
     }
+    if spread_seeds:
+        doc["seed_spread"] = seed_spread(runs)
+        print()
+        print(spread_table(doc["seed_spread"]))
     if not args.no_drift:
         w_ref = model.w_ref_s
         fams = {n: synthetic_family(n, w_ref) for n in ("lognormal", "mixture")}

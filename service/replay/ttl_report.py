@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["drift_table", "plot_ttl", "table6_table"]
+__all__ = ["drift_table", "plot_ttl", "spread_table", "table6_table"]
 
 _POLICIES = ("cpu_ttl", "inf", "10min", "30min", "60min")
 
@@ -46,6 +46,42 @@ def table6_table(cells: Sequence[Mapping[str, Any]]) -> str:
         "gain: vs the best fixed timer (inf/10/30/60 min), positive favours the controller; "
         "est-lam: the seed's controller with lambda estimated online; online: Tenure's online "
         "controller from no data."
+    )
+    return "\n".join(lines)
+
+
+def spread_table(spread: Mapping[str, Any]) -> str:
+    """Per cell: each controller's gain across the base seeds (mean, sd, range, shortfalls)."""
+    seeds = spread["seeds"]
+    policies = list(spread["acceptance"])
+    head = f"{'waits':<12} {'load':>4}  " + "  ".join(f"{p:>36}" for p in policies) + "  wrong"
+    lines = [
+        f"gain over the best fixed timer across {len(seeds)} independent base seeds "
+        f"({', '.join(map(str, seeds))}): mean sd [min, max] short-of-target/seeds",
+        head,
+        "-" * len(head),
+    ]
+    for cell in spread["cells"]:
+        parts = []
+        for policy in policies:
+            g = cell[policy]
+            short = g["short_of_target"]
+            tail = "  -" if short is None else f"{short:>3}"
+            parts.append(
+                f"{g['mean'] * 100:+6.2f}% {g['sd'] * 100:4.2f} "
+                f"[{g['min'] * 100:+6.2f},{g['max'] * 100:+6.2f}] {tail}/{len(seeds)}"
+            )
+        lines.append(
+            f"{cell['family']:<12} {cell['load']:>4g}  "
+            + "  ".join(f"{p:>36}" for p in parts)
+            + f"  {cell['wrong_branch_replicates']:>5}"
+        )
+    targets = ", ".join(
+        f"{p} >= {t * 100:+.1f}%" for p, t in spread["acceptance"].items() if t is not None
+    )
+    lines.append(
+        f"targets: {targets}; wrong: replicates whose calibration picked the branch the seed's "
+        "table does not (seed families only)."
     )
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ Costs are mean GPU-s per suspended context; a cell's entry is the mean over repl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,14 @@ from service.replay.ttl_families import WaitFamily
 from service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
 from service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
 
-__all__ = ["FIXED_TIMERS", "SEED_TABLE6", "Table6Spec", "run_table6"]
+__all__ = [
+    "ACCEPTANCE",
+    "FIXED_TIMERS",
+    "SEED_TABLE6",
+    "Table6Spec",
+    "run_table6",
+    "seed_spread",
+]
 
 #: The fixed host timers of the seed (name -> seconds; ``None``: retain until resume).
 FIXED_TIMERS: dict[str, float | None] = {
@@ -41,6 +48,14 @@ FIXED_TIMERS: dict[str, float | None] = {
     "10min": 600.0,
     "30min": 1800.0,
     "60min": 3600.0,
+}
+
+#: Issue 13's acceptance per controller: the gain over the best fixed timer must not fall below
+#: this in any cell (``None``: reported, no target).
+ACCEPTANCE: dict[str, float | None] = {
+    "controller": -0.005,
+    "controller_est": -0.01,
+    "online": None,
 }
 
 #: Seed 002, Table 6 as printed (GPU-s per request), for the side-by-side comparison.
@@ -209,3 +224,42 @@ def _cell(
     if seed is not None:
         cell["seed"] = seed
     return cell
+
+
+def seed_spread(runs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Each controller's gain per cell across independent base seeds (each a whole Table 6).
+
+    A cell's gain under one base seed is itself a mean over its replicates; this is how much
+    that number moves from one independent run of the table to the next, and how often it
+    falls short of the acceptance (:data:`ACCEPTANCE`).
+    """
+    seeds = sorted(runs)
+    if not seeds:
+        raise ValueError("seed_spread needs at least one run")
+    first = runs[seeds[0]]
+    cells: list[dict[str, Any]] = []
+    for i, cell in enumerate(first):
+        entry: dict[str, Any] = {"family": cell["family"], "load": cell["load"]}
+        for policy, target in ACCEPTANCE.items():
+            gains = np.array([float(runs[s][i]["gain"][policy]) for s in seeds])
+            entry[policy] = {
+                "mean": float(gains.mean()),
+                "sd": float(gains.std()),
+                "min": float(gains.min()),
+                "max": float(gains.max()),
+                "per_seed": gains.tolist(),
+                "short_of_target": None if target is None else int((gains < target).sum()),
+            }
+        entry["wrong_branch_replicates"] = sum(
+            runs[s][i]["branch_per_replicate"].count(_other(runs[s][i])) for s in seeds
+        )
+        cells.append(entry)
+    return {"seeds": seeds, "acceptance": dict(ACCEPTANCE), "cells": cells}
+
+
+def _other(cell: Mapping[str, Any]) -> str:
+    """The branch the seed's table does not name for this family (a wrong calibration)."""
+    seed = SEED_TABLE6.get(str(cell["family"]), {}).get(float(cell["load"]))
+    if seed is None:
+        return "-"  # no seed row: nothing to count as wrong
+    return "ttl" if seed["branch"] == "retain" else "retain"

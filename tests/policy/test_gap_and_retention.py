@@ -12,6 +12,7 @@ from service.policy.retention import (
     DEFAULT_PRICE,
     LambdaEstimator,
     PriceVector,
+    bound_by_declared_retention,
     host_ttl_seconds,
     lambda_crit,
 )
@@ -97,3 +98,33 @@ def test_lifecycle_decisions() -> None:
     calm = on_suspend(0.0, expected_wait_s=600.0, retention=settings, estimated_lambda=0.01)
     busy = on_suspend(0.0, expected_wait_s=600.0, retention=settings, estimated_lambda=1.0)
     assert calm.host_ttl_s is None and busy.host_ttl_s is not None and busy.host_ttl_s > 0
+
+
+def test_a_declared_retention_caps_the_hold_only_under_congestion() -> None:
+    """A session's ``cache_control`` TTL: held no longer than the client asked while a slot
+    has a price; ignored while holding is free; never lengthens the controller's hold."""
+    settings = RetentionSettings(price=DEFAULT_PRICE, host_slots=10.0, w_ref_s=100.0)
+    busy_lam = 0.2  # 2 x lambda_crit: t2 = 1.89 / 1.91 x W_ref = 98.95 s
+    t2 = host_ttl_seconds(busy_lam, DEFAULT_PRICE, 10.0, 100.0)
+    assert t2 == pytest.approx(98.95, rel=1e-3)
+
+    def suspend(lam: float, declared: float | None, branch: str | None = "ttl"):
+        return on_suspend(
+            0.0, expected_wait_s=None, retention=settings, estimated_lambda=lam,
+            branch=branch, declared_retention_s=declared,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    short = suspend(busy_lam, 30.0)
+    assert short.host_ttl_s == 30.0 and short.reason == "client_retention"
+    longer = suspend(busy_lam, 3600.0)  # longer than t2: t2 stands
+    assert longer.host_ttl_s == pytest.approx(t2) and longer.reason == "host_ttl"
+    kept = suspend(busy_lam, 300.0, "retain")  # the retain branch is capped too
+    assert kept.host_ttl_s == 300.0 and kept.reason == "client_retention"
+    assert suspend(busy_lam, None, "retain").host_ttl_s is None
+    calm = suspend(0.05, 30.0)  # uncongested: a held slot costs nothing, keep it
+    assert calm.host_ttl_s is None and calm.reason == "host_retain"
+    no_branch = suspend(busy_lam, 10.0, None)
+    assert no_branch.host_ttl_s == 10.0 and no_branch.reason == "client_retention"
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="declared retention"):
+            bound_by_declared_retention(t2, bad, busy_lam, 10.0, 100.0)

@@ -8,7 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from service.policy.host_loss import HostSlots, episode_cost, erlang_b, steady_state_cost
+from service.policy.host_loss import (
+    HostSlots,
+    episode_cost,
+    erlang_b,
+    poisson_arrivals,
+    steady_state_cost,
+)
 from service.policy.platforms import PLATFORMS
 from service.policy.retention_control import (
     OneShotController,
@@ -247,3 +253,25 @@ def test_censored_cohort_sees_long_waits_before_they_come_back() -> None:
     assert all(w > 3590.0 for w in sorted(sample)[5:])
     again = SuspensionCohort.from_state(cohort.to_state())
     assert again.sample(3610.0, window.samples(), 1800.0) == sample
+
+
+def test_the_episode_score_averages_arrival_streams_so_the_waits_decide() -> None:
+    """The arrival stream is the scorer's own randomness: one stream's score of a sample moves
+    with its seed about as much as the sample itself; the mean over the default streams does
+    not, and its first stream is the single-stream score."""
+    waits = _waits("mixture", 1000, seed=3)
+    lam = 2 * CRIT
+
+    def gap(seed: int, draws: int) -> float:
+        costs = branch_costs(MODEL, waits, lam, evaluator="episode", seed=seed, draws=draws)
+        return (costs.ttl - costs.retain) / costs.retain
+
+    single = [gap(seed, 1) for seed in range(8)]
+    averaged = [gap(seed, 16) for seed in range(8)]
+    assert float(np.std(averaged)) < 0.4 * float(np.std(single))
+    one = branch_costs(MODEL, waits, lam, evaluator="episode", seed=5, draws=1)
+    arrivals = poisson_arrivals(len(waits), lam, 5)
+    assert one.retain == episode_cost(arrivals, waits, None, 425, PRICE).cost
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="draws"):
+            branch_costs(MODEL, waits, lam, evaluator="episode", draws=bad)  # type: ignore[arg-type]

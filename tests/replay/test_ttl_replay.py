@@ -13,6 +13,7 @@ from service.cli import main
 from service.policy.host_loss import episode_cost
 from service.policy.platforms import PLATFORMS
 from service.policy.retention_costs import RetentionModel
+from service.replay import ttl_diagnose
 from service.replay.paths import claude_code_trace
 from service.replay.ttl_drift import DriftPhase, DriftSpec, run_drift
 from service.replay.ttl_families import human_turn_gaps, synthetic_family
@@ -137,6 +138,29 @@ def test_cli_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFi
     assert "ours" in printed and "seed" in printed
 
 
+def test_cli_spread_seeds_rerun_the_table_per_base_seed(tmp_path: Path) -> None:
+    """``--spread-seeds``: each base seed is a whole independent Table 6; the spread of a
+    cell's gain is over those runs, and the base seed's own run is the printed table."""
+    out = tmp_path / "ttl.json"
+    argv = [
+        "replay", "ttl", "--families", "mixture", "--loads", "2", "--requests", "800",
+        "--calibration-samples", "800", "--replicates", "1", "--no-drift",
+    ]  # fmt: skip
+    assert main([*argv, "--spread-seeds", "3,0,3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    spread = doc["seed_spread"]
+    assert spread["seeds"] == [0, 3]
+    (cell,) = spread["cells"]
+    gains = cell["controller"]["per_seed"]
+    assert gains[0] == doc["cells"][0]["gain"]["controller"]
+    alone = tmp_path / "seed3.json"
+    assert main([*argv, "--seed", "3", "--json", str(alone)]) == 0
+    assert gains[1] == json.loads(alone.read_text())["cells"][0]["gain"]["controller"]
+    assert cell["controller"]["min"] == min(gains) and cell["controller"]["max"] == max(gains)
+    assert cell["controller"]["short_of_target"] == sum(g < -0.005 for g in gains)
+    assert cell["online"]["short_of_target"] is None
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -151,6 +175,7 @@ def test_cli_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFi
         (["--platform", "tpu"], "unknown platform"),
         (["--estimator", "median:9"], "--estimator"),
         (["--json", "/nonexistent/dir/x.json"], "does not exist"),
+        (["--spread-seeds", "1,x"], "--spread-seeds"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(
@@ -159,3 +184,20 @@ def test_cli_bad_input_is_one_line_exit_2(
     assert main(["replay", "ttl", "--families", "mixture", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_diagnosis_of_a_cell_runs_and_its_parts_are_consistent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = RetentionModel(PRICE, 425, 1800.0)
+    mixture = synthetic_family("mixture", 1800.0)
+    rows = {r["timer"]: r for r in ttl_diagnose.timer_curve(model, mixture, 2.0, 2, 1500, 0)}
+    assert rows["30min"]["vs_30min"] == 0.0
+    for row in rows.values():  # every context is counted once, whatever its timer
+        assert row["host_hits"] + row["expired"] + row["refused"] == pytest.approx(1500)
+    assert rows["inf"]["expired"] == 0 and rows["10min"]["refused"] <= rows["inf"]["refused"]
+    spread = ttl_diagnose.calibration_spread(model, mixture, 2.0, [1000], [1, 16], 4, 0)
+    assert [r["draws"] for r in spread] == [1, 16]
+    assert spread[1]["sd"] < spread[0]["sd"]
+    assert ttl_diagnose.main(["--reps", "1", "--requests", "600", "--only", "lambda"]) == 0
+    assert "warmed by 1 h" in capsys.readouterr().out
