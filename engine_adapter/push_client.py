@@ -39,6 +39,7 @@ import msgspec
 import zmq
 
 from engine_adapter.policy import TenureCachePolicy
+from engine_adapter.push_socket import dealer
 from service.wire.push import (
     Decision,
     Hello,
@@ -163,29 +164,19 @@ class PushClient:
     # --- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.SNDHWM, 1000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock: zmq.Socket[bytes] | None = None
         try:
-            if self.server_key is not None:
-                secret = (
-                    self._client_secret.encode()
-                    if self._client_secret is not None
-                    else zmq.curve_keypair()[1]
-                )
-                sock.curve_serverkey = self.server_key.encode()
-                sock.curve_secretkey = secret
-                sock.curve_publickey = zmq.curve_public(secret)
-            sock.connect(self.addr)
+            sock = dealer(
+                ctx, self.addr, server_key=self.server_key, client_secret=self._client_secret,
+                send_hwm=1000,
+            )  # fmt: skip
             self._loop(sock)
         except Exception:  # the channel must never take the engine down
             log.exception("tenure push channel stopped")
         finally:
-            sock.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
             ctx.term()
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:

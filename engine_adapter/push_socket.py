@@ -1,0 +1,41 @@
+"""The adapter side's one way to open a push-channel socket to the sidecar.
+
+Both senders in the engine (the decision channel in ``push_client`` and the tier's placement
+reports in ``placement_push``) connect a ZeroMQ DEALER the same way: no linger, queue only while
+connected, reconnect quickly, and CurveZMQ when the sidecar publishes a server key (an engine
+without its own key gets an ephemeral one, which the sidecar accepts only if it allows any key).
+"""
+
+from __future__ import annotations
+
+import zmq
+
+__all__ = ["dealer"]
+
+
+def dealer(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    addr: str,
+    *,
+    server_key: str | None,
+    client_secret: str | None,
+    send_hwm: int,
+) -> zmq.Socket[bytes]:
+    """A connected DEALER to ``addr``; the caller owns (and closes) it."""
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.SNDHWM, send_hwm)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    try:
+        if server_key is not None:
+            secret = client_secret.encode() if client_secret is not None else zmq.curve_keypair()[1]
+            sock.curve_serverkey = server_key.encode()
+            sock.curve_secretkey = secret
+            sock.curve_publickey = zmq.curve_public(secret)
+        sock.connect(addr)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
