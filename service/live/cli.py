@@ -174,7 +174,8 @@ def _engine_speeds(
             _say(
                 f"warning: {name}'s engine ran more than {REGIME_FACTOR:g}x off the profile "
                 f"({'; '.join(off)}): its simulated columns are out of their calibrated "
-                "regime (a loaded machine?), compare them with care"
+                "regime (slower: a loaded machine; faster: a profile measured on a busier "
+                "one, see `tenure calibrate-profile`), compare them with care"
             )
     return speeds
 
