@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from engine_adapter.push_socket import dealer
+from engine_adapter.push_socket import run_connected
 from service.wire.push import PlacementReport, encode
 
 __all__ = ["PlacementPusher", "PlacementTotals", "placement_delta"]
@@ -172,20 +172,10 @@ class PlacementPusher:
             self._thread = None
 
     def _run(self) -> None:
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        sock: zmq.Socket[bytes] | None = None
-        try:
-            sock = dealer(
-                ctx, self.addr, server_key=self.server_key, client_secret=self._client_secret,
-                send_hwm=100,
-            )  # fmt: skip
-            self._loop(sock)
-        except Exception:  # the channel must never take the engine down
-            log.exception("tenure-fs placement reports stopped")
-        finally:
-            if sock is not None:
-                sock.close(linger=0)
-            ctx.term()
+        run_connected(
+            self.addr, self._loop, server_key=self.server_key, client_secret=self._client_secret,
+            send_hwm=100, log=log, what="tenure-fs placement reports",
+        )  # fmt: skip
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         next_report = time.monotonic() + self.interval_s

@@ -39,7 +39,7 @@ import msgspec
 import zmq
 
 from engine_adapter.policy import TenureCachePolicy
-from engine_adapter.push_socket import dealer
+from engine_adapter.push_socket import run_connected
 from service.wire.push import (
     Decision,
     Hello,
@@ -164,20 +164,10 @@ class PushClient:
     # --- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        sock: zmq.Socket[bytes] | None = None
-        try:
-            sock = dealer(
-                ctx, self.addr, server_key=self.server_key, client_secret=self._client_secret,
-                send_hwm=1000,
-            )  # fmt: skip
-            self._loop(sock)
-        except Exception:  # the channel must never take the engine down
-            log.exception("tenure push channel stopped")
-        finally:
-            if sock is not None:
-                sock.close(linger=0)
-            ctx.term()
+        run_connected(
+            self.addr, self._loop, server_key=self.server_key, client_secret=self._client_secret,
+            send_hwm=1000, log=log, what="tenure push channel",
+        )  # fmt: skip
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         poller = zmq.Poller()

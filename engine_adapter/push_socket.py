@@ -8,9 +8,12 @@ without its own key gets an ephemeral one, which the sidecar accepts only if it 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import zmq
 
-__all__ = ["dealer"]
+__all__ = ["dealer", "run_connected"]
 
 
 def dealer(
@@ -39,3 +42,32 @@ def dealer(
         sock.close(linger=0)
         raise
     return sock
+
+
+def run_connected(
+    addr: str,
+    loop: Callable[[zmq.Socket[bytes]], None],
+    *,
+    server_key: str | None,
+    client_secret: str | None,
+    send_hwm: int,
+    log: logging.Logger,
+    what: str,
+) -> None:
+    """A sender thread's body: connect, run ``loop`` on the socket, and close both ends.
+
+    Any failure is logged as ``"<what> stopped"`` and swallowed: the channel must never take
+    the engine down."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock: zmq.Socket[bytes] | None = None
+    try:
+        sock = dealer(
+            ctx, addr, server_key=server_key, client_secret=client_secret, send_hwm=send_hwm
+        )
+        loop(sock)
+    except Exception:
+        log.exception("%s stopped", what)
+    finally:
+        if sock is not None:
+            sock.close(linger=0)
+        ctx.term()
