@@ -32,6 +32,8 @@ from service.policy.rate import (
     rate_estimator_from_state,
     rate_lower_bound,
 )
+from service.policy.rent import RentClock, rent_budget
+from service.policy.retention import alpha2
 from service.policy.retention_costs import (
     EVALUATORS,
     Branch,
@@ -222,6 +224,10 @@ class OnlineSettings:
     #: Price with the estimate this many standard errors low (0: the estimate itself): a
     #: timer too short costs far more than one a little too long.
     lambda_z: float = 1.0
+    #: ``repriced``: a held copy expires when the rent clock reaches its limit (the price
+    #: follows lambda while it is held, :mod:`service.policy.rent`); ``oneshot``: at ``t2`` of
+    #: the lambda at its suspension (the seed's timer). Equal while lambda stays put.
+    timer: Literal["repriced", "oneshot"] = "repriced"
 
     def __post_init__(self) -> None:
         for name in ("period_s",):
@@ -242,6 +248,8 @@ class OnlineSettings:
             check_lambda(self.pinned_lambda)
         if not (math.isfinite(self.lambda_z) and self.lambda_z >= 0):
             raise ValueError(f"lambda_z must be a finite number >= 0, got {self.lambda_z!r}")
+        if self.timer not in ("repriced", "oneshot"):
+            raise ValueError("timer must be 'repriced' or 'oneshot'")
         rate_estimator(self.estimator)  # names a bad spec now, not at the first event
 
 
@@ -258,6 +266,9 @@ class OnlineController:
     last_decision_at: float | None = None
     decisions: int = 0
     switches: int = 0
+    #: The congestion rent a held copy pays, re-priced at every suspension and decision
+    #: (:mod:`service.policy.rent`).
+    rent: RentClock = field(default_factory=RentClock)
 
     def __post_init__(self) -> None:
         if self.estimator is None:
@@ -275,6 +286,13 @@ class OnlineController:
         assert self.estimator is not None and self.cohort is not None
         self.estimator.observe(now)
         self.cohort.suspend(now)
+        self.reprice(now)
+
+    def reprice(self, now: float) -> None:
+        """Charge held copies ``alpha2`` at the lambda in use from ``now`` on."""
+        lam, _ = self.lam(now)
+        m = self.model
+        self.rent.reprice(now, alpha2(lam, m.c2, m.w_ref_s, m.price.beta3))
 
     def observe_resume(self, now: float, wait_s: float) -> None:
         assert self.waits is not None and self.cohort is not None
@@ -298,11 +316,19 @@ class OnlineController:
         return rate_lower_bound(self.estimator, now, self.settings.lambda_z), "estimated"
 
     def host_ttl(self, now: float) -> float | None:
-        """The timer for a context suspending at ``now`` (``None``: keep until resume)."""
+        """``t2`` at the lambda in use now (``None``: keep until resume): the timer of a
+        context suspending at ``now`` if the price stayed as it is."""
         if self.branch != "ttl":
             return None
         lam, _ = self.lam(now)
         return self.model.t2(lam)
+
+    def rent_limit(self, now: float) -> float | None:
+        """The re-priced timer of a context suspending at ``now``: it expires when
+        :attr:`rent` reaches this (``None``: retain branch, keep until resume)."""
+        if self.branch != "ttl":
+            return None
+        return self.rent.limit_for(now, rent_budget(self.model.price))
 
     def due(self, now: float) -> bool:
         last = self.last_decision_at
@@ -328,6 +354,7 @@ class OnlineController:
         self.last_decision_at = now
         self.decisions += 1
         self.switches += int(decision.changed)
+        self.reprice(now)
         return decision
 
     # --- persistence ----------------------------------------------------------------------
@@ -343,6 +370,7 @@ class OnlineController:
             "last_decision_at": self.last_decision_at,
             "decisions": self.decisions,
             "switches": self.switches,
+            "rent": self.rent.to_state(),
         }
 
     @classmethod
@@ -363,4 +391,5 @@ class OnlineController:
             last_decision_at=None if last is None else float(last),
             decisions=int(state.get("decisions", 0)),
             switches=int(state.get("switches", 0)),
+            rent=RentClock.from_state(state.get("rent")),
         )

@@ -238,6 +238,7 @@ def _replicate(spec: DriftSpec, rep: int) -> dict[str, Any]:
             (f"{base.estimator} evaluator={other}", replace(base, evaluator=other)),
             (f"{base.estimator} uncensored", replace(base, censored=False)),
             (f"{base.estimator} lambda_z=0", replace(base, lambda_z=0.0)),
+            (f"{base.estimator} one-shot timers", replace(base, timer="oneshot")),
         ]
         variants += [
             (f"{base.estimator} margin={m:g}", replace(base, margin=m))

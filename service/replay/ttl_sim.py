@@ -14,6 +14,7 @@ survived; events are processed in time order, resumes at ``t`` before a suspensi
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +23,13 @@ from typing import Protocol
 import numpy as np
 
 from service.policy.host_loss import HostSlots, resume_cost
+from service.policy.rent import RentClock
 from service.policy.retention import PriceVector
 
 __all__ = [
     "FixedTimer",
+    "RentLimit",
+    "RentTrace",
     "ReplayResult",
     "TTLPolicy",
     "poisson_arrivals",
@@ -35,11 +39,52 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class RentLimit:
+    """A re-priced timer: the copy expires when its policy's rent clock reaches ``limit``."""
+
+    limit: float
+
+
 class TTLPolicy(Protocol):
-    def on_suspend(self, now: float) -> float | None:
+    def on_suspend(self, now: float) -> float | RentLimit | None:
         """The timer for a context suspending at ``now`` (``None``: retain until resume)."""
 
     def on_resume(self, now: float, wait_s: float) -> None: ...
+
+
+@dataclass
+class RentTrace:
+    """The knots of a policy's :class:`~service.policy.rent.RentClock` (one per re-pricing),
+    so that a copy's expiry can be found once the whole stream has priced it."""
+
+    at: list[float]
+    accrued: list[float]
+    rate: list[float]
+
+    @classmethod
+    def empty(cls) -> RentTrace:
+        return cls([], [], [])
+
+    def record(self, clock: RentClock) -> None:
+        if clock.at is None:
+            return
+        if self.at and clock.at == self.at[-1]:
+            self.accrued[-1], self.rate[-1] = clock.accrued, clock.rate
+            return
+        self.at.append(clock.at)
+        self.accrued.append(clock.accrued)
+        self.rate.append(clock.rate)
+
+    def expiry(self, limit: float) -> float:
+        """When the clock reached ``limit`` (``inf``: it never did)."""
+        k = bisect.bisect_left(self.accrued, limit) - 1
+        if k < 0:
+            return self.at[0] if self.at else float("inf")
+        rate = self.rate[k]
+        if rate <= 0:
+            return float("inf")  # only possible on the last knot: later ones accrued more
+        return self.at[k] + (limit - self.accrued[k]) / rate
 
 
 @dataclass(frozen=True)
@@ -118,24 +163,30 @@ def replay_policy(
     price: PriceVector,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Replay a policy that may learn from the event stream."""
-    slots = HostSlots(c2)
+    """Replay a policy that may learn from the event stream.
+
+    A policy learns only from suspensions and resumes, which happen whatever the tier did with
+    the copies, so its timers are found first (in event order) and the tier replayed after: a
+    re-priced timer (:class:`RentLimit`) becomes the seconds its clock took to reach the limit.
+    """
     n = len(arrivals)
-    costs = np.empty(n)
-    ttls = np.empty(n)
-    admitted = np.zeros(n, dtype=bool)
+    timers: list[float | RentLimit | None] = []
     pending: list[tuple[float, int, float]] = []  # (resume time, seq, wait)
     step = max(1, n // 200)
     for i, (at, wait) in enumerate(zip(arrivals.tolist(), waits.tolist(), strict=True)):
         while pending and pending[0][0] <= at:
             back, _seq, waited = heapq.heappop(pending)
             policy.on_resume(back, waited)
-        timer = policy.on_suspend(at)
-        ok = slots.admit(at, wait if timer is None else min(wait, timer))
-        admitted[i] = ok
-        ttls[i] = float("inf") if timer is None else timer
-        costs[i] = resume_cost(ok, wait, timer, price)
+        timers.append(policy.on_suspend(at))
         heapq.heappush(pending, (at + wait, i, wait))
         if progress is not None and i % step == 0:
             progress(i, n)
-    return ReplayResult(costs, ttls, admitted)
+    trace: RentTrace | None = getattr(policy, "rent_trace", None)
+    ttls = np.empty(n)
+    for i, (at, timer) in enumerate(zip(arrivals.tolist(), timers, strict=True)):
+        if isinstance(timer, RentLimit):
+            if trace is None:
+                raise TypeError("a policy that returns RentLimit timers needs a rent_trace")
+            timer = max(0.0, trace.expiry(timer.limit) - at)
+        ttls[i] = float("inf") if timer is None else timer
+    return replay_timers(arrivals, waits, ttls, c2, price)

@@ -10,8 +10,11 @@ their branch from. Policies:
 * ``controller``: the seed's one-shot controller: branch from replaying the calibration sample
   once per family at ``calibration_load`` (the seed's 2 x lambda_crit), then ``t2`` at the
   configured load;
-* ``controller_est``: the same branch, ``t2`` at the lambda estimated online from the held-out
-  suspension stream (cold at the start);
+* ``controller_est``: the same branch, lambda estimated online from the held-out suspension
+  stream (cold at the start), each copy's timer re-priced by the rent clock as the estimate
+  improves (:mod:`service.policy.rent`; at a constant price it is ``t2``);
+* ``controller_est_oneshot``: the same, but each copy's timer fixed at ``t2`` of the estimate
+  at its own suspension (the one-shot timer, for comparison);
 * ``online``: Tenure's online controller from nothing: estimated lambda, waits re-collected
   from the resumes it observes, branch re-chosen periodically with hysteresis.
 
@@ -55,6 +58,7 @@ FIXED_TIMERS: dict[str, float | None] = {
 ACCEPTANCE: dict[str, float | None] = {
     "controller": -0.005,
     "controller_est": -0.01,
+    "controller_est_oneshot": None,
     "online": None,
 }
 
@@ -146,10 +150,15 @@ def _cell_replicate(
     ttl_now = oneshot.host_ttl()
     ttls = np.full(len(arrivals), np.inf if ttl_now is None else ttl_now)
     costs["controller"] = replay_timers(arrivals, waits, ttls, model.slots, model.price).mean_cost
-    estimator = rate_estimator(spec.estimator or spec.online.estimator)
-    est_policy = OneShotPolicy(oneshot, estimator, spec.online.lambda_z)
+    estimator_spec = spec.estimator or spec.online.estimator
+    estimator = rate_estimator(estimator_spec)
+    est_policy = OneShotPolicy(oneshot, estimator, spec.online.lambda_z, repriced=True)
     est = replay_policy(arrivals, waits, est_policy, model.slots, model.price)
     costs["controller_est"] = est.mean_cost
+    fixed_policy = OneShotPolicy(oneshot, rate_estimator(estimator_spec), spec.online.lambda_z)
+    costs["controller_est_oneshot"] = replay_policy(
+        arrivals, waits, fixed_policy, model.slots, model.price
+    ).mean_cost
     online_policy = OnlinePolicy(OnlineController(model, spec.online))
     online = replay_policy(arrivals, waits, online_policy, model.slots, model.price)
     costs["online"] = online.mean_cost
@@ -212,8 +221,8 @@ def _cell(
         "best_fixed_cost": best,
         "costs": costs,
         "cost_sd": sds,
-        "gain": {p: _gain(best, costs[p]) for p in ("controller", "controller_est", "online")},
-        "replicate_gains": {p: rep_gains(p) for p in ("controller", "controller_est", "online")},
+        "gain": {p: _gain(best, costs[p]) for p in ACCEPTANCE},
+        "replicate_gains": {p: rep_gains(p) for p in ACCEPTANCE},
         "replicates": len(per_rep),
         "branch_per_replicate": [i["branch"] for i in infos],
         "lam_est_mean_rel_err": float(np.mean([i["lam_est_mean_rel_err"] for i in infos])),
