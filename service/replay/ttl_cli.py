@@ -51,6 +51,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--margin", default=None, help="online controller's switching margin (default 0.05)"
     )
+    parser.add_argument(
+        "--timer", choices=("repriced", "oneshot"), default="repriced",
+        help="held copies' timers: re-priced by the rent clock while lambda moves (default), "
+        "or fixed at t2 of the lambda at suspension (the seed's)",
+    )  # fmt: skip
     parser.add_argument("--seed", default="0", help="base seed")
     parser.add_argument(
         "--spread-seeds", default="",
@@ -180,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         knobs["lambda_z"] = _float_arg(args.lambda_z, "--lambda-z")
     if args.margin is not None:
         knobs["margin"] = _float_arg(args.margin, "--margin")
+    knobs["timer"] = args.timer
     try:
         online = OnlineSettings(**knobs)
     except ValueError as exc:
@@ -233,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
                 "evaluator": online.evaluator,
                 "censored": online.censored,
                 "lambda_z": online.lambda_z,
+                "timer": online.timer,
             },
         },
         "cells": cells,

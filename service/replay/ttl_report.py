@@ -20,7 +20,7 @@ def table6_table(cells: Sequence[Mapping[str, Any]]) -> str:
     head = (
         f"{'waits':<12} {'load':>4}  {'':4} "
         + " ".join(f"{p:>7}" for p in _POLICIES)
-        + f"  {'controller':>17} {'gain':>6}  {'est-lam':>7} {'online':>7}"
+        + f"  {'controller':>17} {'gain':>6}  {'est-lam':>7} {'1-shot':>7} {'online':>7}"
     )
     lines = [head, "-" * len(head)]
     for cell in cells:
@@ -31,7 +31,8 @@ def table6_table(cells: Sequence[Mapping[str, Any]]) -> str:
             f"{cell['family']:<12} {cell['load']:>4g}  ours "
             + " ".join(f"{costs[p]:>7.3f}" for p in _POLICIES)
             + f"  {ctrl:>17} {_gain(gain['controller']):>6}"
-            + f"  {_gain(gain['controller_est']):>7} {_gain(gain['online']):>7}"
+            + f"  {_gain(gain['controller_est']):>7}"
+            + f" {_gain(gain.get('controller_est_oneshot')):>7} {_gain(gain['online']):>7}"
         )
         seed = cell.get("seed")
         if seed:
@@ -44,8 +45,9 @@ def table6_table(cells: Sequence[Mapping[str, Any]]) -> str:
             )
     lines.append(
         "gain: vs the best fixed timer (inf/10/30/60 min), positive favours the controller; "
-        "est-lam: the seed's controller with lambda estimated online; online: Tenure's online "
-        "controller from no data."
+        "est-lam: the seed's controller with lambda estimated online, timers re-priced by the "
+        "rent clock; 1-shot: the same with each timer fixed at its suspension's estimate; "
+        "online: Tenure's online controller from no data."
     )
     return "\n".join(lines)
 

@@ -152,7 +152,8 @@ def _cell_replicate(
     costs["controller"] = replay_timers(arrivals, waits, ttls, model.slots, model.price).mean_cost
     estimator_spec = spec.estimator or spec.online.estimator
     estimator = rate_estimator(estimator_spec)
-    est_policy = OneShotPolicy(oneshot, estimator, spec.online.lambda_z, repriced=True)
+    repriced = spec.online.timer == "repriced"
+    est_policy = OneShotPolicy(oneshot, estimator, spec.online.lambda_z, repriced=repriced)
     est = replay_policy(arrivals, waits, est_policy, model.slots, model.price)
     costs["controller_est"] = est.mean_cost
     fixed_policy = OneShotPolicy(oneshot, rate_estimator(estimator_spec), spec.online.lambda_z)
