@@ -44,6 +44,7 @@ from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus, order_request_keys
 
 from engine_adapter.key_map import merge_locs
 from engine_adapter.policy_state import Loc
+from engine_adapter.rent_timers import RentTimers
 from engine_adapter.resumes import ResumeTracker
 from engine_adapter.stock_path import StockPath
 from service.policy import EvictionClass, HostTier, Run, SessionHint, create_policy
@@ -83,6 +84,8 @@ class TenureCachePolicy(StockPath):
         self.generation = 0
         #: Resumed requests classified by where their prompt came from (reported upstream).
         self.resumes = ResumeTracker()
+        #: Tenants' rent clocks and the held copies they re-price (pushed decisions).
+        self.rent_timers = RentTimers()
         #: Tenant -> the host-retention branch of the sidecar's last snapshot.
         self.retention_branches: dict[str, str] = {}
         self._reset_state()

@@ -20,6 +20,7 @@ from typing import ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
+from engine_adapter.rent_timers import RentTimers
 from engine_adapter.resumes import ResumeTracker
 from engine_adapter.tags import RequestTags
 from service.policy import EvictionClass, HostTier, SessionHint, TierPolicy
@@ -64,6 +65,8 @@ class PolicyState(CachePolicy):
     generation: int
     #: Resumed requests classified by where their prompt came from (reported upstream).
     resumes: ResumeTracker
+    #: Tenants' rent clocks and the held copies they re-price (pushed decisions).
+    rent_timers: RentTimers
     #: Tenant -> the host-retention branch of the sidecar's last snapshot.
     retention_branches: dict[str, str]
     _epoch: object

@@ -5,6 +5,12 @@ the engine thread once per step. Decision times are Unix seconds on the wire: co
 with the wall clock the policy was given (never read inside the core). Blocks the core drops
 outside a store (reclaim, TTL) are handed to a live sharer or doomed, and released to the
 manager's pool when it can free chunks itself.
+
+Re-priced host timers (:mod:`engine_adapter.rent_timers`): a suspension whose decision carries
+``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
+brings the clocks, and a held copy whose timer moved by more than max(1 s, 1%) is re-hinted
+(stat ``ttl_repriced``). Without a clock for the tenant (an older sidecar) the decision's own
+``host_ttl_s`` applies, as before.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
 from engine_adapter.key_map import KeyMap
+from engine_adapter.rent_timers import Held, moved, tenant_of, valid_limit
 from service.policy import EvictionClass, Run, SessionHint, Victim
 from service.wire.push import Decision, Snapshot
 
@@ -108,9 +115,14 @@ class PushedDecisions(KeyMap):
                     # The sidecar's sequence restarted (its state was lost): its snapshot is
                     # the new baseline, whatever numbers we applied before.
                     self._applied_seq.clear()
+                # The clocks first: a decision this snapshot brings is timed by them.
+                refused = self.rent_timers.update(message.config.retention, message.issued_at)
+                if refused:
+                    self.stats["rent_bad_fields"] += refused
                 for decision in message.decisions:
                     self._apply(decision, now)
                 self.last_applied_seq = message.seq
+                self._reprice(now)
             else:
                 self._apply(message, now)
                 self.last_applied_seq = max(self.last_applied_seq, message.seq)
@@ -138,6 +150,9 @@ class PushedDecisions(KeyMap):
     def _prune(self) -> None:
         """Forget per-session bookkeeping of sessions with nothing resident (bounded memory)."""
         resident = self.tier.session_resident
+        held = self.rent_timers.held
+        for session in [s for s in held if s not in resident or s not in self.resumes]:
+            del held[session]
         for table in (self._applied_seq, self._last_hint):
             if len(table) > _PRUNE_ABOVE:
                 for session in [s for s in table if s not in resident]:
@@ -161,34 +176,80 @@ class PushedDecisions(KeyMap):
             self.stats["decisions_foreign"] += 1
             return
         wall = self._wall_clock()  # wire times are Unix seconds
-        gap = decision.expected_gap_s
-        if decision.wakeup_at is not None:
-            gap = max(0.0, decision.wakeup_at - wall)
         ttl: float | None = None
         if decision.host_ttl_s is not None:
             issued = decision.issued_at or wall
             ttl = max(0.0, issued + decision.host_ttl_s - wall)
-        last = decision.last_turn or decision.state == "finished"
-        hint = SessionHint(
-            expected_gap_s=gap,
-            last_turn=last,
-            suspended=decision.state == "suspended",
-            parent=decision.parent,
-            host_ttl_s=ttl,
-        )
+        limit = decision.host_rent_limit if decision.state == "suspended" else None
+        if limit is not None and not valid_limit(limit):
+            self.stats["rent_bad_fields"] += 1
+            limit = None
+        if limit is not None:
+            # The tenant's clock, if a snapshot as new as this decision brought one (else the
+            # decision's own timer is the newer price; the next snapshot re-prices it).
+            known, repriced = self.rent_timers.remaining(
+                tenant_of(session), limit, wall, newer_than=decision.issued_at
+            )
+            ttl = repriced if known else ttl
+        hint = self._hint(decision, wall, ttl)
         if decision.state == "suspended":
             # The timer as issued (the tracker reports the branch and the time held).
-            self.resumes.suspended(session, decision.issued_at, decision.host_ttl_s)
-        elif last:
-            self.resumes.forget(session)
+            if limit is None:
+                self.resumes.suspended(session, decision.issued_at, decision.host_ttl_s)
+                self.rent_timers.release(session)
+            else:
+                since = decision.issued_at or wall
+                held_s = None if ttl is None else max(0.0, wall + ttl - since)
+                self.resumes.suspended(session, decision.issued_at, held_s, repriced=True)
+                deadline = None if ttl is None else now + ttl
+                self.rent_timers.hold(session, Held(tenant_of(session), limit, decision, deadline))
+        else:
+            self.rent_timers.release(session)
+            if hint.last_turn:
+                self.resumes.forget(session)
+        last = hint.last_turn
         if last:
             self._ended.add(session)
-        if last:
             self._last_hint.pop(session, None)
         else:
             self._last_hint[session] = hint
         self.stats["decisions_applied"] += 1
+        self._hint_core(session, hint, now)
+
+    def _hint(self, decision: Decision, wall: float, ttl: float | None) -> SessionHint:
+        """The core's hint for ``decision`` at ``wall`` with a host timer ``ttl`` from now."""
+        gap = decision.expected_gap_s
+        if decision.wakeup_at is not None:
+            gap = max(0.0, decision.wakeup_at - wall)
+        return SessionHint(
+            expected_gap_s=gap,
+            last_turn=decision.last_turn or decision.state == "finished",
+            suspended=decision.state == "suspended",
+            parent=decision.parent,
+            host_ttl_s=ttl,
+        )
+
+    def _hint_core(self, session: str, hint: SessionHint, now: float) -> None:
         before = self.core.counters["ttl_expiries"]
         self._drop_victims(self.tier.hint(session, hint, now), now)
         self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
         self._refresh_timer()
+
+    def _reprice(self, now: float) -> None:
+        """Re-time every held copy from its tenant's clock (after a snapshot brought them)."""
+        wall = self._wall_clock()
+        held = self.rent_timers.held
+        for session, copy in list(held.items()):
+            if session not in self.resumes or self.tier.session_resident.get(session, 0) <= 0:
+                del held[session]  # resumed, or its copy is gone (expired, evicted)
+                continue
+            known, ttl = self.rent_timers.remaining(copy.tenant, copy.limit, wall)
+            deadline = None if ttl is None else now + ttl
+            if not known or not moved(copy.deadline, deadline, now):
+                continue
+            copy.deadline = deadline
+            hint = self._hint(copy.decision, wall, ttl)
+            self._last_hint[session] = hint
+            self.resumes.retime(session, None if ttl is None else wall + ttl)
+            self.stats["ttl_repriced"] += 1
+            self._hint_core(session, hint, now)

@@ -48,18 +48,36 @@ class _Probe:
 class ResumeTracker:
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self._wall = wall_clock
-        #: Session -> (suspension time, wall clock; host timer given, seconds or None).
-        self._suspended: OrderedDict[str, tuple[float, float | None]] = OrderedDict()
+        #: Session -> (suspension time, wall clock; host timer, seconds after it or None;
+        #: branch).
+        self._suspended: OrderedDict[str, tuple[float, float | None, str]] = OrderedDict()
         self.outcomes: deque[ResumeOutcome] = deque(maxlen=_MAX_QUEUED)
 
     def __len__(self) -> int:
         return len(self._suspended)
 
-    def suspended(self, session: str, issued_at: float, ttl_s: float | None) -> None:
-        self._suspended[session] = (issued_at or self._wall(), ttl_s)
+    def __contains__(self, session: object) -> bool:
+        return session in self._suspended
+
+    def suspended(
+        self, session: str, issued_at: float, ttl_s: float | None, *, repriced: bool = False
+    ) -> None:
+        """A suspension with a host timer of ``ttl_s`` after ``issued_at`` (``None``: none);
+        ``repriced``: a ttl-branch timer the rent clock moves (ttl even while it is none)."""
+        branch = "ttl" if repriced or ttl_s is not None else "retain"
+        self._suspended[session] = (issued_at or self._wall(), ttl_s, branch)
         self._suspended.move_to_end(session)
         while len(self._suspended) > _MAX_SUSPENDED:
             self._suspended.popitem(last=False)
+
+    def retime(self, session: str, expires_at: float | None) -> None:
+        """A re-priced timer: the host copy now expires at ``expires_at`` (Unix s; ``None``:
+        held until resume), so a resume reports how long it was really held."""
+        entry = self._suspended.get(session)
+        if entry is not None:
+            at, _, branch = entry
+            ttl = None if expires_at is None else max(0.0, expires_at - at)
+            self._suspended[session] = (at, ttl, branch)
 
     def forget(self, session: str) -> None:
         self._suspended.pop(session, None)
@@ -71,8 +89,8 @@ class ResumeTracker:
         entry = self._suspended.pop(session, None)
         if entry is None:
             return
-        at, ttl = entry
-        ctx.set_state(_Probe(session, "retain" if ttl is None else "ttl", at, ttl, self._wall()))
+        at, ttl, branch = entry
+        ctx.set_state(_Probe(session, branch, at, ttl, self._wall()))
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> None:
         probe = ctx.get_state(_Probe)

@@ -47,6 +47,18 @@ class RetentionMetrics:
             "tenure_retention_host_ttl_seconds",
             "t2 given to a suspension now (-1 = retained until resume)", ["tenant"], registry=r,
         )  # fmt: skip
+        self.rent_rate = Gauge(
+            "tenure_retention_rent_rate_gpu_seconds_per_second",
+            "Congestion rent a held host copy pays now: alpha2 at the lambda in use (GPU-s per "
+            "held second; 0 = uncongested, held copies wait until resume)",
+            ["tenant"], registry=r,
+        )  # fmt: skip
+        self.rent_accrued = Gauge(
+            "tenure_retention_rent_accrued_gpu_seconds",
+            "The tenant's rent clock: rent one host slot has accrued (a held copy expires when "
+            "it reaches the copy's limit, beta3 - beta2 above its value at suspension)",
+            ["tenant"], registry=r,
+        )  # fmt: skip
         self.branch = Gauge(
             "tenure_retention_branch",
             "1 for the branch in use (retain or ttl), 0 for the other",

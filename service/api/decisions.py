@@ -33,6 +33,7 @@ def as_message(
         parent=scoped_session_id(tenant, parent) if parent else None,
         reason=decision.reason,
         issued_at=now,
+        host_rent_limit=decision.host_rent_limit,
     )
 
 
@@ -55,6 +56,7 @@ def as_update(
         (RecordField.EXPECTED_GAP_S, decision.expected_gap_s),
         (RecordField.WAKEUP_AT, decision.wakeup_at),
         (RecordField.HOST_TTL_S, decision.host_ttl_s),
+        (RecordField.HOST_RENT_LIMIT, decision.host_rent_limit),
     ):
         if value is None:
             deleted.append(name)

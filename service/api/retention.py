@@ -15,6 +15,13 @@ For each configured tenant (seed 002, section 3.4; the decision core is
   one-shot calibration as the prior). Each re-choice is logged (a change at INFO), counted
   (``tenure_retention_decisions``) and kept with its reason (``GET /admin/retention``); a
   change is pushed to the adapters at once (a fresh snapshot);
+* the holder keeps each tenant's rent clock (:class:`~service.policy.rent.RentClock`: the
+  congestion rent ``alpha2(lambda)`` one host slot has accrued) in the tenant's view doc,
+  loads it from there on every refresh and only moves it forward, re-priced at the lambda in
+  use. A ttl-branch suspension gets the limit ``R(now) + beta3 - beta2`` and the adapters
+  re-compute each held copy's timer from the clock in every snapshot (a rate that moved by
+  more than :data:`PUSH_RATE_CHANGE` is pushed at once). A clock lost with Redis restarts
+  at zero: copies held with limits on the old one wait longer, never shorter;
 * the other replicas read the holder's view. The suspend route takes the branch and lambda
   from here: ``t2(lambda)`` is computed at suspension with the current price vector, so a
   vector written by ``tenure calibrate --write-sidecar`` is used by the next suspension.
@@ -43,6 +50,7 @@ from service.metrics import Metrics
 from service.metrics_retention import BRANCHES, OUTCOMES, RetentionMetrics, bounded
 from service.policy.lifecycle import RetentionSettings
 from service.policy.rate import rate_lower_bound
+from service.policy.rent import RentClock
 from service.policy.retention import alpha2, hold_cost
 from service.policy.retention_control import (
     OnlineController,
@@ -58,9 +66,13 @@ from service.state.retention_store import RetentionStore
 from service.state.store import StateStore
 from service.wire.push import ResumeOutcome, RetentionState
 
-__all__ = ["RetentionControl", "build_retention"]
+__all__ = ["PUSH_RATE_CHANGE", "RetentionControl", "build_retention"]
 
 log = logging.getLogger(__name__)
+
+#: A tenant's rent rate that moved by more than this (relative, or to or from zero) is pushed
+#: to the adapters at once; smaller moves ride the periodic snapshot.
+PUSH_RATE_CHANGE = 0.1
 
 
 class RetentionControl:
@@ -88,6 +100,7 @@ class RetentionControl:
         self.views: dict[str, TenantRetention] = {t: TenantRetention() for t in self.tenants}
         #: Called after a branch change (the app broadcasts a push snapshot).
         self.on_change: Callable[[], Awaitable[None]] | None = None
+        self._rent_moved = False
 
     # --- what a suspension is priced with ---------------------------------------------------
 
@@ -127,6 +140,10 @@ class RetentionControl:
         """The branch and lambda a suspension of ``tenant`` gets now."""
         return self.view(tenant).branch, self.lambda_in_use(tenant, config)[0]
 
+    def rent(self, tenant: str) -> RentClock:
+        """``tenant``'s rent clock as the lease holder last priced it."""
+        return self.view(tenant).rent()
+
     # --- events (every replica) -------------------------------------------------------------
 
     async def observe_suspension(self, tenant: str, at: float) -> None:
@@ -164,7 +181,8 @@ class RetentionControl:
         except StateUnavailable:
             pass
         self.export(config)
-        if any(d.changed for d in made) and self.on_change is not None:
+        moved, self._rent_moved = self._rent_moved, False
+        if (moved or any(d.changed for d in made)) and self.on_change is not None:
             await self.on_change()
         return made
 
@@ -211,6 +229,13 @@ class RetentionControl:
             else:
                 decision = ctl.decide(now)
         lam_lower = rate_lower_bound(ctl.estimator, now, settings.lambda_z)
+        # The clock comes from the stored view, never from ``ctl`` (rebuilt from the window
+        # each refresh, its rent would restart and jump back).
+        rent = before.rent()
+        lam = settings.pinned_lambda if settings.pinned_lambda is not None else lam_lower
+        rate = alpha2(lam, model.c2, model.w_ref_s, model.price.beta3)
+        self._rent_moved |= abs(rate - rent.rate) > PUSH_RATE_CHANGE * max(rate, rent.rate)
+        rent.reprice(now, rate)
         view = TenantRetention(
             branch=ctl.branch or INITIAL_BRANCH,
             lambda_estimate=ctl.estimator.rate(now),
@@ -222,6 +247,9 @@ class RetentionControl:
             switches=ctl.switches,
             reason=before.reason if decision is None else decision.reason,
             updated_at=now,
+            rent_accrued=rent.accrued,
+            rent_at=rent.at,
+            rent_rate=rent.rate,
         )
         await self.store.put_state(tenant, asdict(view))
         self.views[tenant] = view
@@ -307,15 +335,20 @@ class RetentionControl:
                 host_ttl_s=self.host_ttl(tenant, config),
                 lambda_per_s=self.lambda_in_use(tenant, config)[0],
                 decided_at=view.decided_at or 0.0,
+                rent_accrued=view.rent_accrued,
+                rent_at=view.rent_at,
+                rent_rate=view.rent_rate,
             )
         return out
 
     def export(self, config: RuntimeConfig) -> None:
         m = self.metrics
         m.lease_held.set(1 if self.leader else 0)
-        model = self.model(config)
+        model, now = self.model(config), self.clock()
         for tenant in self.tenants:
             view = self.view(tenant)
+            m.rent_rate.labels(tenant).set(view.rent_rate)
+            m.rent_accrued.labels(tenant).set(view.rent().value(now))
             lam, source = self.lambda_in_use(tenant, config)
             m.lambda_estimate.labels(tenant).set(view.lambda_estimate)
             m.lambda_in_use.labels(tenant).set(lam)

@@ -1,7 +1,8 @@
 """Admin REST of the online host-retention controller (bearer token, like all of ``/admin``).
 
 * ``GET /admin/retention``: per tenant, the branch in use, lambda (estimated, in use, and
-  whether an SRE pinned it), lambda_crit, C2, the t2 a suspension gets now, the controller's
+  whether an SRE pinned it), lambda_crit, C2, the t2 a suspension gets now, the rent clock
+  that re-prices held copies (rate in use, accrued now, and as stored), the controller's
   sample sizes and its last reason;
 * ``GET /admin/retention/decisions?tenant=T``: that tenant's recent re-choices, newest first;
 * ``POST /admin/retention/decide?tenant=T``: re-choose now instead of at the next period
@@ -44,6 +45,12 @@ class TenantRetentionView(BaseModel):
     host_slots: float
     #: What a suspension gets now; null = retained until resume.
     host_ttl_s: float | None
+    #: The rent clock: GPU-s per held second charged now (alpha2 at the lambda in use), the
+    #: rent accrued now, and the stored clock (accrued at ``rent_at``, Unix s).
+    rent_rate_gpu_s_per_s: float
+    rent_now_gpu_s: float
+    rent_accrued_gpu_s: float
+    rent_at: float | None
     observed_waits: int
     suspended: int
     decisions: int
@@ -86,7 +93,7 @@ def _tenant(control: RetentionControl, tenant: str) -> str:
 def _view(control: RetentionControl, svc: Services) -> RetentionView:
     config = svc.runtime.config
     model = control.model(config)
-    rows = []
+    rows, now = [], svc.clock()
     for tenant in control.tenants:
         view = control.view(tenant)
         lam, source = control.lambda_in_use(tenant, config)
@@ -100,6 +107,10 @@ def _view(control: RetentionControl, svc: Services) -> RetentionView:
                 lambda_crit_per_s=model.lambda_crit,
                 host_slots=model.c2,
                 host_ttl_s=control.host_ttl(tenant, config),
+                rent_rate_gpu_s_per_s=view.rent_rate,
+                rent_now_gpu_s=view.rent().value(now),
+                rent_accrued_gpu_s=view.rent_accrued,
+                rent_at=view.rent_at,
                 observed_waits=view.observed_waits,
                 suspended=view.pending,
                 decisions=view.decisions,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.metrics_retention import BRANCHES
+from service.policy.rent import RentClock
 from service.policy.retention_costs import Branch
 
 __all__ = ["INITIAL_BRANCH", "RetentionKnobs", "TenantRetention"]
@@ -43,6 +44,15 @@ class TenantRetention:
     switches: int = 0
     reason: str = "no decision yet"
     updated_at: float | None = None
+    #: The tenant's rent clock (:class:`~service.policy.rent.RentClock`): accrued GPU-s at
+    #: ``rent_at`` (Unix s) and the rate charged since. Persistent and monotone: the holder
+    #: loads it from this doc and only moves it forward.
+    rent_accrued: float = 0.0
+    rent_at: float | None = None
+    rent_rate: float = 0.0
+
+    def rent(self) -> RentClock:
+        return RentClock(self.rent_accrued, self.rent_at, self.rent_rate)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> TenantRetention:
@@ -64,4 +74,22 @@ class TenantRetention:
                 setattr(view, name, float(value))
         if isinstance(doc.get("reason"), str):
             view.reason = doc["reason"]
+        view._load_rent(doc)
         return view
+
+    def _load_rent(self, doc: dict[str, Any]) -> None:
+        """The clock as stored, or a fresh one if it is missing or not a valid clock (negative,
+        non-finite, not numbers). A fresh clock reads lower than the lost one, so a copy held
+        with a limit on the old clock waits longer, never shorter: the safe direction."""
+        accrued, at, rate = (doc.get(n) for n in ("rent_accrued", "rent_at", "rent_rate"))
+        if not (_number(accrued) and _number(rate) and (at is None or _number(at))):
+            return
+        try:
+            clock = RentClock.from_state({"accrued": accrued, "at": at, "rate": rate})
+        except ValueError:
+            return
+        self.rent_accrued, self.rent_at, self.rent_rate = clock.accrued, clock.at, clock.rate
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -93,6 +93,9 @@ class SessionView(BaseModel):
     suspend_reason: str | None = None
     expected_wait_s: float | None = None
     host_ttl_s: float | None = None
+    #: The re-priced host timer: the copy expires when the tenant's rent clock (GPU-s,
+    #: ``GET /admin/retention``) reaches this; ``host_ttl_s`` is it at the price when decided.
+    host_rent_limit: float | None = None
     parent: str | None = None
     role: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -141,6 +144,7 @@ def view(session: str, record: SessionRecord, now: float, slack_s: float) -> Ses
         suspend_reason=record.suspend_reason,
         expected_wait_s=record.expected_wait_s,
         host_ttl_s=record.host_ttl_s,
+        host_rent_limit=record.host_rent_limit,
         parent=record.parent,
         role=record.role,
         metadata=metadata if isinstance(metadata, dict) else {},

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.policy.gap import GapPredictor, stop_class
+from service.policy.rent import RentClock, rent_budget
 from service.policy.retention import (
     PriceVector,
     bound_by_declared_retention,
@@ -47,6 +48,10 @@ class LifecycleDecision:
     reclaim: bool
     host_ttl_s: float | None
     reason: str
+    #: A suspension on the ttl branch: its host copy expires when the tenant's rent clock
+    #: reaches this (GPU-s, :mod:`service.policy.rent`); ``host_ttl_s`` is then the same
+    #: timer at the price of the moment (``None`` while uncongested).
+    host_rent_limit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +107,7 @@ def on_suspend(
     calibration_waits_s: Sequence[float] = (),
     branch: Literal["retain", "ttl"] | None = None,
     declared_retention_s: float | None = None,
+    rent: RentClock | None = None,
 ) -> LifecycleDecision:
     """A human-approval wait begins: keep the host copy for ``t2(lambda)`` (or indefinitely).
 
@@ -114,6 +120,11 @@ def on_suspend(
     ``cache_control`` TTL), caps the hold while the tier is congested
     (:func:`~service.policy.retention.bound_by_declared_retention`; reason
     ``client_retention`` when it is what binds).
+
+    ``rent``, the tenant's rent clock (with ``branch``), re-prices the timer while the copy
+    is held: on the ttl branch the decision carries ``host_rent_limit = R(now) + beta3 -
+    beta2``, so the copy expires when the rent actually charged reaches the break-even (at a
+    constant price exactly ``now + t2``). A binding declared retention stays a fixed timer.
     """
     lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda
     if branch is not None:
@@ -135,10 +146,15 @@ def on_suspend(
     bounded = bound_by_declared_retention(
         ttl, declared_retention_s, lam, retention.host_slots, retention.w_ref_s
     )
+    limit: float | None = None
     if bounded != ttl:
         ttl, reason = bounded, "client_retention"
+    elif branch == "ttl" and rent is not None:
+        limit = rent.limit_for(now, rent_budget(retention.price))
     wakeup = None if expected_wait_s is None else now + expected_wait_s
-    return LifecycleDecision("suspended", expected_wait_s, wakeup, False, False, ttl, reason)
+    return LifecycleDecision(
+        "suspended", expected_wait_s, wakeup, False, False, ttl, reason, host_rent_limit=limit
+    )
 
 
 def on_resume(now: float) -> LifecycleDecision:

@@ -105,7 +105,9 @@ class SessionPolicy(TierPolicy):
         if hint.suspended and hint.host_ttl_s is not None:
             life.ttl_deadline = now + hint.host_ttl_s
             heapq.heappush(self._ttl_heap, (life.ttl_deadline, session))
-        elif not hint.suspended:
+        else:
+            # The newest hint wins: a suspension without a timer (retained, or a re-priced
+            # one whose rent stopped) cancels the one before.
             life.ttl_deadline = None
 
     def forget(self, session: str) -> None:

@@ -88,14 +88,22 @@ class Decision(msgspec.Struct, tag="decision", kw_only=True, frozen=True):
     parent: str | None = None
     reason: str = ""
     issued_at: float = 0.0
+    #: Suspended sessions on the ttl branch: discard the host copy when the tenant's rent
+    #: clock (:class:`RetentionState`) reaches this (GPU-s). An adapter that knows the clock
+    #: re-computes the timer from it on every snapshot; ``host_ttl_s`` is the same timer at
+    #: the price when issued (what an adapter without the clock applies, as before).
+    host_rent_limit: float | None = None
 
 
 class RetentionState(msgspec.Struct, kw_only=True, frozen=True):
     """One tenant's host-retention branch as the online controller last chose it.
 
-    Informational for adapters: each suspension's own timer travels in its
-    :class:`Decision` (``host_ttl_s``, fixed at suspension as in the seed); this says which
-    branch new suspensions get and since when (adapters log a change).
+    Each suspension's own timer travels in its :class:`Decision`; this says which branch new
+    suspensions get and since when (adapters log a change), and carries the tenant's rent
+    clock (:class:`~service.policy.rent.RentClock`): ``R(t) = rent_accrued + rent_rate x (t
+    - rent_at)``. A held copy whose decision has ``host_rent_limit`` expires when ``R``
+    reaches it, so a new rate re-prices every held copy of the tenant. ``rent_at`` ``None``:
+    no clock (a sidecar that predates it); adapters keep each decision's ``host_ttl_s``.
     """
 
     branch: str = "ttl"
@@ -103,6 +111,11 @@ class RetentionState(msgspec.Struct, kw_only=True, frozen=True):
     host_ttl_s: float | None = None
     lambda_per_s: float = 0.0
     decided_at: float = 0.0
+    #: Rent accrued by one host slot at ``rent_at`` (GPU-s), ``rent_at`` in Unix seconds, and
+    #: the rate charged since (``alpha2`` at the lambda in use, GPU-s per held second).
+    rent_accrued: float = 0.0
+    rent_at: float | None = None
+    rent_rate: float = 0.0
 
 
 class TierConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -40,6 +40,8 @@ class RecordField(StrEnum):
     SUSPEND_REASON = "suspend_reason"
     EXPECTED_WAIT_S = "expected_wait_s"
     HOST_TTL_S = "host_ttl_s"
+    #: The re-priced timer's limit on the tenant's rent clock (ttl-branch suspensions).
+    HOST_RENT_LIMIT = "host_rent_limit"
     #: The client-declared retention of the session's last turn (a ``cache_control`` TTL).
     RETENTION_S = "retention_s"
     PARENT = "parent"
@@ -97,6 +99,7 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
     suspend_reason: str | None = None
     expected_wait_s: float | None = None
     host_ttl_s: float | None = None
+    host_rent_limit: float | None = None
     retention_s: float | None = None
     parent: str | None = None
     role: str | None = None
@@ -127,6 +130,7 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
             suspend_reason=get(RecordField.SUSPEND_REASON) or None,
             expected_wait_s=_float(get(RecordField.EXPECTED_WAIT_S)),
             host_ttl_s=_float(get(RecordField.HOST_TTL_S)),
+            host_rent_limit=_float(get(RecordField.HOST_RENT_LIMIT)),
             retention_s=_float(get(RecordField.RETENTION_S)),
             parent=get(RecordField.PARENT) or None,
             role=get(RecordField.ROLE) or None,
