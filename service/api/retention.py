@@ -70,8 +70,9 @@ __all__ = ["PUSH_RATE_CHANGE", "RetentionControl", "build_retention"]
 
 log = logging.getLogger(__name__)
 
-#: A tenant's rent rate that moved by more than this (relative, or to or from zero) is pushed
-#: to the adapters at once; smaller moves ride the periodic snapshot.
+#: A tenant's rent rate that moved by more than this (relative to the larger of the two, or
+#: of alpha2 at 2 x lambda_crit) is pushed to the adapters at once; smaller moves ride the
+#: periodic snapshot.
 PUSH_RATE_CHANGE = 0.1
 
 
@@ -234,7 +235,10 @@ class RetentionControl:
         rent = before.rent()
         lam = settings.pinned_lambda if settings.pinned_lambda is not None else lam_lower
         rate = alpha2(lam, model.c2, model.w_ref_s, model.price.beta3)
-        self._rent_moved |= abs(rate - rent.rate) > PUSH_RATE_CHANGE * max(rate, rent.rate)
+        # beta3 / W_ref is alpha2 at 2 x lambda_crit: noise in a near-critical estimate (tiny
+        # rates, large relative moves) waits for the periodic snapshot.
+        scale = max(rate, rent.rate, model.price.beta3 / model.w_ref_s)
+        self._rent_moved |= abs(rate - rent.rate) > PUSH_RATE_CHANGE * scale
         rent.reprice(now, rate)
         view = TenantRetention(
             branch=ctl.branch or INITIAL_BRANCH,

@@ -144,7 +144,9 @@ def view(session: str, record: SessionRecord, now: float, slack_s: float) -> Ses
         suspend_reason=record.suspend_reason,
         expected_wait_s=record.expected_wait_s,
         host_ttl_s=record.host_ttl_s,
-        host_rent_limit=record.host_rent_limit,
+        # Only while suspended: a turn starting from the suspension keeps the field (a
+        # refused turn's rollback restores the suspension with it) until the turn ends.
+        host_rent_limit=record.host_rent_limit if record.state == "suspended" else None,
         parent=record.parent,
         role=record.role,
         metadata=metadata if isinstance(metadata, dict) else {},

@@ -204,7 +204,7 @@ table.insert(fields, table.concat({turn, prev_state, prev[14] or '', prev[15] or
   publishing and '1' or '', before}, US))
 redis.call('HSET', skey, unpack(fields))
 if prev[7] or prev[12] or prev[13] then
-  redis.call('HDEL', skey, 'suspended_at', 'wakeup_at', 'host_ttl_s', 'host_rent_limit')
+  redis.call('HDEL', skey, 'suspended_at', 'wakeup_at', 'host_ttl_s')
 end
 redis.call('EXPIRE', skey, ttl)
 redis.call('ZADD', KEYS[1], now, sid)

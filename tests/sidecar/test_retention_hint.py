@@ -68,10 +68,16 @@ def test_a_declared_retention_caps_only_its_own_sessions_hold(sidecar_factory) -
         assert http.get("/v1/sessions/a-short", headers=ALPHA).json()["state"] == "idle"
         short = _suspend(http, ALPHA, "a-short")
         assert short["host_ttl_s"] == 300.0 and short["reason"] == "client_retention"
+        assert short["host_rent_limit"] is None  # a declared bound stays a fixed timer
         # An hour is longer than t2: the controller's timer stands (a hint only shortens).
         _turn(http, ALPHA, "a-long", "1h")
         long = _suspend(http, ALPHA, "a-long")
         assert long["host_ttl_s"] == pytest.approx(t2, rel=1e-6) and long["reason"] == "host_ttl"
+        assert long["host_rent_limit"] is not None  # the controller's timer is re-priced
+        # A turn straight from the suspension (no resume call) clears both timers.
+        _turn(http, ALPHA, "a-long", None)
+        record = http.get("/v1/sessions/a-long", headers=ALPHA).json()
+        assert record["host_ttl_s"] is None and record["host_rent_limit"] is None
         # The next turn declares nothing: the bound is gone, not kept from a stale hint.
         assert http.post("/v1/sessions/a-short/resume", headers=ALPHA).status_code == 200
         _turn(http, ALPHA, "a-short", None)

@@ -105,6 +105,7 @@ def test_lambda_and_waits_come_from_the_stream_and_a_switch_is_logged(sidecar_fa
         assert "calibration sample" in view["reason"]
         body = http.post("/v1/sessions/kept/suspend").json()
         assert body["host_ttl_s"] is None and body["reason"] == "regime_retain"
+        assert body["host_rent_limit"] is None  # retained until resume: no rent limit
         metrics = http.get("/metrics").text
         assert 'tenure_retention_decisions_total{changed="true",tenant="default"} 1.0' in metrics
         assert 'tenure_retention_host_ttl_seconds{tenant="default"} -1.0' in metrics
