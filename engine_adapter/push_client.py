@@ -72,6 +72,7 @@ _COUNTER_FIELDS = (
     "bytes_stored",
     "bytes_loaded",
     "ttl_expiries",
+    "ttl_repriced",
     "cold_sessions",
 )
 _EVICTED_PREFIX = "evicted_blocks_"

@@ -237,6 +237,11 @@ class Metrics:
             "tenure_adapter_ttl_expiries", "Host copies discarded when their TTL expired",
             registry=r,
         )  # fmt: skip
+        self.adapter_ttl_repriced = Counter(
+            "tenure_adapter_ttl_repriced",
+            "Held host copies given a new timer because their tenant's rent rate moved",
+            registry=r,
+        )  # fmt: skip
         self.adapter_resident_bytes = Gauge(
             "tenure_adapter_resident_bytes", "Bytes resident per tier, by adapter",
             ["adapter", "tier"], registry=r,
@@ -322,6 +327,7 @@ class Metrics:
         _add(self.adapter_bytes_stored, report.bytes_stored)
         _add(self.adapter_bytes_loaded, report.bytes_loaded)
         _add(self.adapter_ttl_expiries, report.ttl_expiries)
+        _add(self.adapter_ttl_repriced, report.ttl_repriced)
         if report.resumes and self.on_resumes is not None:
             self.on_resumes(report.resumes[:256])
         for cls, blocks in report.evicted_blocks.items():

@@ -193,6 +193,8 @@ class ResidencyReport(msgspec.Struct, tag="residency", kw_only=True, frozen=True
     bytes_stored: int = 0
     bytes_loaded: int = 0
     ttl_expiries: int = 0
+    #: Held host copies re-timed because their tenant's rent rate moved (re-priced timers).
+    ttl_repriced: int = 0
     #: Sessions that arrived here with earlier turns this engine never saw (moved to it).
     cold_sessions: int = 0
     #: Gauges: resident bytes per tier name (e.g. ``{"cpu": 123}``) and live sessions known.
