@@ -136,6 +136,28 @@ def test_cli_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFi
     assert png.stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert "ours" in printed and "seed" in printed
+    assert doc["config"]["online"]["timer"] == "repriced"
+
+
+def test_cli_timer_oneshot_makes_est_lam_the_one_shot_column(tmp_path: Path) -> None:
+    """``--timer oneshot`` is the seed's timer with an estimated lambda: the est-lam column then
+    equals the one-shot column, while the default re-prices (and differs on a congested cell)."""
+    # 4,000 calibration waits: the ttl branch, where a timer can be re-priced.
+    argv = [
+        "replay", "ttl", "--families", "mixture", "--loads", "2", "--requests", "1500",
+        "--calibration-samples", "4000", "--replicates", "1", "--no-drift",
+    ]  # fmt: skip
+    costs = {}
+    for timer in ("oneshot", "repriced"):
+        out = tmp_path / f"{timer}.json"
+        assert main([*argv, "--timer", timer, "--json", str(out)]) == 0
+        (cell,) = json.loads(out.read_text())["cells"]
+        costs[timer] = cell["costs"]
+    one, re = costs["oneshot"], costs["repriced"]
+    assert one["controller_est"] == one["controller_est_oneshot"]
+    assert re["controller_est_oneshot"] == one["controller_est_oneshot"]
+    assert re["controller_est"] != re["controller_est_oneshot"]
+    assert re["controller"] == one["controller"]  # configured lambda: nothing to re-price
 
 
 def test_cli_spread_seeds_rerun_the_table_per_base_seed(tmp_path: Path) -> None:
