@@ -4,7 +4,9 @@ Through the proxy: a suspension whose short host TTL expires is resumed by recom
 prompt (vLLM's own token accounting says so, and the adapter's report counts it as
 ``recomputed`` on the ``ttl`` branch); once the controller has switched to ``retain``, the same
 flow is a host-tier hit. Then ``tenure calibrate`` measures this engine and writes the vector
-into the running sidecar, whose next suspension is priced with it.
+into the running sidecar, whose next suspension is priced with it. Last, a price rise while a
+copy is held re-prices it: the sidecar pushes the tenant's rent clock and the adapter drops the
+copy long before the timer it was suspended with.
 """
 
 from __future__ import annotations
@@ -154,3 +156,33 @@ def test_calibrate_writes_a_vector_the_next_suspension_uses(
     assert body["host_ttl_s"] != pytest.approx(
         host_ttl_seconds(1.0, PriceVector(0.0176, 0.02, 1.91), 1, 1000)
     )
+
+
+def test_a_price_rise_re_prices_a_held_copy_and_it_expires_long_before_its_timer(
+    stack: LocalStack,
+) -> None:
+    # Barely congested (lambda_crit = 1/1000 per s): the suspension gets a 2-minute timer
+    # (at the price vector in force: calibrate may have written one).
+    price = _admin(stack, "GET", "/admin/config")["price"]
+    beta2, beta3 = price["beta2_gpu_s"], price["beta3_gpu_s"]
+    lam = 0.001 + (beta3 - beta2) / (beta3 * 120.0)
+    _admin(stack, "PATCH", "/admin/config", {"host_slots": 1, "w_ref_s": 1000,
+           "lambda_mode": "fixed", "lambda_fixed_per_s": lam})  # fmt: skip
+    history = _first_turn_then_flood(stack, "ret-rise", 800)
+    expiries = stack.sidecar_metrics().get(EXPIRIES, 0.0)
+    body = _admin(stack, "POST", "/v1/sessions/ret-rise/suspend", {"reason": "approval"})
+    assert body["reason"] == "host_ttl" and body["host_ttl_s"] == pytest.approx(120.0)
+    assert body["host_rent_limit"] is not None
+    suspended = time.monotonic()
+    # The load jumps (an SRE pins the new rate): the held copy now pays ~120 x the rent, so
+    # what is left of its budget lasts about a second. The holder re-prices at its next
+    # refresh, pushes the clock at once, and the adapter re-times the copy.
+    _admin(stack, "PATCH", "/admin/config", {"lambda_fixed_per_s": 1.0})
+    stack.wait_metric(EXPIRIES, lambda v: v > expiries, timeout=30)
+    assert time.monotonic() - suspended < 60  # not the 120 s it was given
+    stack.wait_metric("tenure_adapter_ttl_repriced_total", lambda v: v >= 1)
+    row = next(t for t in _admin(stack, "GET", "/admin/retention")["tenants"])
+    assert row["rent_rate_gpu_s_per_s"] == pytest.approx((1.0 - 0.001) * beta3)
+    _admin(stack, "POST", "/v1/sessions/ret-rise/resume", {})
+    tokens = _turn(stack, history, "ret-rise")
+    assert tokens[EXTERNAL] == 0  # the host copy was gone (the GPU may still hold some)
