@@ -191,3 +191,20 @@ def test_a_bad_limit_in_a_decision_is_counted_and_its_ttl_applies(limit: float) 
     _push(policy, clock, T0 + 5, _snapshot(T0 + 5, 5 * RATE, 0.0))
     assert policy.stats["rent_bad_fields"] == 1 and policy.stats["ttl_repriced"] == 0
     assert _held_until(policy, clock, T0 + 6, T0 + 200) == T0 + 30
+
+
+def test_frames_of_older_peers_decode_with_no_limit_and_no_clock() -> None:
+    import msgspec
+
+    from service.wire.push import decode
+
+    old = {"type": "decision", "seq": 3, "session_id": "acme/s", "state": "suspended",
+           "host_ttl_s": 30.0}  # fmt: skip
+    decision = decode(msgspec.msgpack.encode(old))
+    assert isinstance(decision, Decision) and decision.host_rent_limit is None
+    snap = {"type": "snapshot", "seq": 3, "decisions": [old],
+            "config": {"retention": {"acme": {"branch": "ttl", "host_ttl_s": 30.0}}}}  # fmt: skip
+    state = decode(msgspec.msgpack.encode(snap))
+    assert isinstance(state, Snapshot)
+    assert state.config.retention["acme"].rent_at is None
+    assert state.config.retention["acme"].rent_rate == 0.0
