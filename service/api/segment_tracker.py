@@ -13,8 +13,9 @@ finds. The proxy calls
 2. :meth:`SegmentTracker.tags` once the turn number is known: the split and the wire fields
    (checked with the wire's own parser);
 3. :meth:`SegmentTracker.record` after the answer: the response's facts become the state for
-   the next turn; a last turn deletes the state (a worker's leaves a short-lived "returned"
-   tombstone, so a second return is refused).
+   the next turn, with what a spawn under this session takes from its call (whether it
+   answered a human message, the gap before it, when it ended); a last turn deletes the state
+   (a worker's leaves a short-lived "returned" tombstone, so a second return is refused).
 
 Redis down: no segments, the request goes on (fail open, as the turn itself). Segment ids and
 Redis keys are the sidecar's own and tenant-scoped; a session can only name a parent of its own
@@ -37,6 +38,7 @@ from service.api.segment_state import SegmentState
 from service.api.segments import Split, split_turn
 from service.api.spawns import SpawnFacts, predict
 from service.policy.segments import SessionRole
+from service.policy.spawn_context import human_turn, input_types
 from service.state.breaker import StateUnavailable
 from service.wire.segments import SegmentWireError, parse_segment_tags
 
@@ -60,6 +62,12 @@ class PendingTurn:
     messages: list[Any] | None
     split: Split | None = None
     turn: int = 0
+    #: When the request arrived (the sidecar's clock): the gap before it ends here.
+    started_at: float = 0.0
+    #: A worker's first request naming its parent: the parent's turn it follows. The spawn
+    #: is counted in the parent's history when this turn is recorded, so a first request
+    #: refused or retried counts once.
+    spawned_after: int | None = None
 
 
 class SegmentTracker(SegmentLifecycle):
@@ -72,10 +80,11 @@ class SegmentTracker(SegmentLifecycle):
     ) -> PendingTurn | None:
         """The session's state for this request, or :class:`SegmentRefused`; None: Redis is
         unavailable (the request goes on without segments)."""
+        spawned_after: int | None = None
         try:
             state = await self._load(tenant, session)
             if state is None:
-                state = await self._new_state(tenant, session, parent)
+                state, spawned_after = await self._new_state(tenant, session, parent)
         except StateUnavailable:
             return None
         if state.returned:
@@ -101,6 +110,8 @@ class SegmentTracker(SegmentLifecycle):
             state,
             model if isinstance(model, str) else "",
             messages if isinstance(messages, list) else None,
+            started_at=self.clock(),
+            spawned_after=spawned_after,
         )
 
     async def tags(
@@ -146,11 +157,22 @@ class SegmentTracker(SegmentLifecycle):
     def record(
         self, pending: PendingTurn, facts: ResponseFacts | None, *, last_turn: bool
     ) -> asyncio.Task[None]:
-        """The turn was answered: store what the next turn needs (off the response path)."""
-        return asyncio.get_running_loop().create_task(self._record(pending, facts, last_turn))
+        """The turn was answered: store what the next turn needs (off the response path; a
+        spawn under this session waits for it, see ``_settled``)."""
+        task = asyncio.get_running_loop().create_task(
+            self._record(pending, facts, last_turn, self.clock())
+        )
+        key = (pending.tenant, pending.session)
+        self._recording[key] = task
+        task.add_done_callback(lambda t: self._forget_record(key, t))
+        return task
+
+    def _forget_record(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._recording.get(key) is task:
+            del self._recording[key]
 
     async def _record(
-        self, pending: PendingTurn, facts: ResponseFacts | None, last_turn: bool
+        self, pending: PendingTurn, facts: ResponseFacts | None, last_turn: bool, ended_at: float
     ) -> None:
         state, split = pending.state, pending.split
         if split is None:
@@ -170,6 +192,7 @@ class SegmentTracker(SegmentLifecycle):
             gen_start = facts.prompt_tokens if facts is not None else None
             if gen_start is None and split.gen is not None:
                 gen_start = split.gen.start
+            gap = 0.0 if state.ended_at is None else pending.started_at - state.ended_at
             new = replace(
                 state,
                 model=pending.model or state.model,
@@ -181,21 +204,36 @@ class SegmentTracker(SegmentLifecycle):
                 spans=list(split.spans),
                 facts=facts,
                 returned=last_turn,
+                human=human_turn(input_types(pending.messages)),
+                gap_s=max(0.0, gap),
+                ended_at=ended_at,
             )
             ttl = self.settings.finished_ttl_s if last_turn else self.settings.session_ttl_s
             await self.store.put(pending.tenant, pending.session, new.to_json(), ttl)
+            if pending.spawned_after is not None and state.parent is not None:
+                await self.store.spawned(
+                    pending.tenant, state.parent, pending.spawned_after,
+                    self.settings.session_ttl_s,
+                )  # fmt: skip
+            if last_turn:
+                await self._count_return(pending.tenant, state)
         except StateUnavailable:
             return
         except Exception:
             log.exception("recording a turn's segments failed")
 
-    async def _new_state(self, tenant: str, session: str, parent: str | None) -> SegmentState:
+    async def _new_state(
+        self, tenant: str, session: str, parent: str | None
+    ) -> tuple[SegmentState, int | None]:
+        """A new session's state; for a worker also the parent turn it follows (its spawn is
+        counted when its first turn is recorded, see :class:`PendingTurn`)."""
         if parent is None:
-            return SegmentState()
+            return SegmentState(), None
         if parent == session:
             raise SegmentRefused(
                 400, "a session cannot be its own parent", "unknown_parent", "X-Tenure-Parent"
             )
+        await self._settled(tenant, parent)
         parent_state = await self._load(tenant, parent)
         record = await self.sessions.get_session(tenant, parent)
         if record is None:
@@ -212,16 +250,14 @@ class SegmentTracker(SegmentLifecycle):
                 "parent_ended",
                 "X-Tenure-Parent",
             )
-        facts = SpawnFacts(
-            parent_turn=record.turn,
-            parent_context_tokens=(
-                parent_state.facts.prompt_tokens or 0
-                if parent_state is not None and parent_state.facts is not None
-                else 0
-            ),
+        now = self.clock()
+        facts = await self._spawn_facts(
+            tenant, parent, parent_state, record, SpawnFacts(), now, count=False
         )
-        return SegmentState(
+        state = SegmentState(
             role=SessionRole.WORKER,
             parent=parent,
             predicted_lifetime_s=predict(self.ranker, facts),
+            spawned_at=now,
         )
+        return state, parent_state.turn if parent_state is not None else 0
