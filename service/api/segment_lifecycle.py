@@ -109,7 +109,9 @@ class SegmentLifecycle:
             raise SegmentRefused(
                 409, f"session {parent!r} has returned; it spawns no workers", "worker_returned"
             )
-        facts = await self._spawn_facts(tenant, parent, parent_state, parent_record, spawn, now)
+        facts = await self._spawn_facts(
+            tenant, parent, parent_state, parent_record, worker, spawn, now
+        )
         state = SegmentState(
             role=_role(role),
             parent=parent,
@@ -196,23 +198,17 @@ class SegmentLifecycle:
         parent: str,
         parent_state: SegmentState | None,
         parent_record: SessionRecord,
+        worker: str,
         spawn: SpawnFacts,
         now: float,
-        *,
-        count: bool = True,
     ) -> SpawnFacts:
-        """The spawn's own facts plus its parent's, derived as the replay derives them;
-        ``count``: the worker is counted in the parent's history now (atomically with the
-        read), else only read (the proxy counts it when its first turn is recorded: two
-        first requests racing may then both see the history without the other)."""
+        """The spawn's own facts plus its parent's, derived as the replay derives them; the
+        worker is counted in its parent's history, atomically with the read (once: a first
+        request retried gets its first place back)."""
         call = parent_state.parent_call() if parent_state is not None else None
         turn = parent_state.turn if parent_state is not None else 0
         ttl = self.settings.session_ttl_s
-        spawned = (
-            await self.store.spawned(tenant, parent, turn, ttl)
-            if count
-            else await self.store.history(tenant, parent, turn)
-        )
+        spawned = await self.store.spawned(tenant, parent, worker, turn, ttl)
         return replace(
             spawn,
             session_elapsed_s=max(0.0, now - (parent_record.created_at or now)),

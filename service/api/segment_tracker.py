@@ -64,10 +64,6 @@ class PendingTurn:
     turn: int = 0
     #: When the request arrived (the sidecar's clock): the gap before it ends here.
     started_at: float = 0.0
-    #: A worker's first request naming its parent: the parent's turn it follows. The spawn
-    #: is counted in the parent's history when this turn is recorded, so a first request
-    #: refused or retried counts once.
-    spawned_after: int | None = None
 
 
 class SegmentTracker(SegmentLifecycle):
@@ -80,11 +76,10 @@ class SegmentTracker(SegmentLifecycle):
     ) -> PendingTurn | None:
         """The session's state for this request, or :class:`SegmentRefused`; None: Redis is
         unavailable (the request goes on without segments)."""
-        spawned_after: int | None = None
         try:
             state = await self._load(tenant, session)
             if state is None:
-                state, spawned_after = await self._new_state(tenant, session, parent)
+                state = await self._new_state(tenant, session, parent)
         except StateUnavailable:
             return None
         if state.returned:
@@ -111,7 +106,6 @@ class SegmentTracker(SegmentLifecycle):
             model if isinstance(model, str) else "",
             messages if isinstance(messages, list) else None,
             started_at=self.clock(),
-            spawned_after=spawned_after,
         )
 
     async def tags(
@@ -210,11 +204,6 @@ class SegmentTracker(SegmentLifecycle):
             )
             ttl = self.settings.finished_ttl_s if last_turn else self.settings.session_ttl_s
             await self.store.put(pending.tenant, pending.session, new.to_json(), ttl)
-            if pending.spawned_after is not None and state.parent is not None:
-                await self.store.spawned(
-                    pending.tenant, state.parent, pending.spawned_after,
-                    self.settings.session_ttl_s,
-                )  # fmt: skip
             if last_turn:
                 await self._count_return(pending.tenant, state)
         except StateUnavailable:
@@ -222,13 +211,11 @@ class SegmentTracker(SegmentLifecycle):
         except Exception:
             log.exception("recording a turn's segments failed")
 
-    async def _new_state(
-        self, tenant: str, session: str, parent: str | None
-    ) -> tuple[SegmentState, int | None]:
-        """A new session's state; for a worker also the parent turn it follows (its spawn is
-        counted when its first turn is recorded, see :class:`PendingTurn`)."""
+    async def _new_state(self, tenant: str, session: str, parent: str | None) -> SegmentState:
+        """A new session's state; a worker's first request (naming its parent) is its spawn:
+        counted in the parent's history then (a retry of it counts once)."""
         if parent is None:
-            return SegmentState(), None
+            return SegmentState()
         if parent == session:
             raise SegmentRefused(
                 400, "a session cannot be its own parent", "unknown_parent", "X-Tenure-Parent"
@@ -252,12 +239,11 @@ class SegmentTracker(SegmentLifecycle):
             )
         now = self.clock()
         facts = await self._spawn_facts(
-            tenant, parent, parent_state, record, SpawnFacts(), now, count=False
+            tenant, parent, parent_state, record, session, SpawnFacts(), now
         )
-        state = SegmentState(
+        return SegmentState(
             role=SessionRole.WORKER,
             parent=parent,
             predicted_lifetime_s=predict(self.ranker, facts),
             spawned_at=now,
         )
-        return state, parent_state.turn if parent_state is not None else 0

@@ -9,13 +9,16 @@ ends. Reads and writes go through the store's breaker: with Redis down, callers 
 :class:`~service.state.breaker.StateUnavailable` at once.
 
 ``P:segw:T:S`` (:meth:`~service.state.keys.Keys.segment_workers`) is a parent's worker history,
-a hash of five numbers: workers spawned (``n``), returned (``r``), the sum of the returned
-ones' log lifetimes (``l``), and the parent turn of the latest spawn with the spawns made since
-that turn (``gt``, ``gn``: the fan-out so far). It is a hash beside the state, not a field of
-it, because the state is rewritten whole from what a turn read when it arrived, which would
-drop a spawn or return counted meanwhile; the scripts below update it in place, atomically,
-so concurrent spawns and returns are never lost. Its TTL follows the state's (every
-:meth:`SegmentStore.put` renews both) and :meth:`SegmentStore.delete` removes both.
+a hash: workers spawned (``n``), returned (``r``), the sum of the returned ones' log lifetimes
+(``l``), the parent turn of the latest spawn with the spawns made since that turn (``gt``,
+``gn``: the fan-out so far), and one ``w:<worker>`` field per worker counted (its place, so a
+worker seen again, a first request retried, is not counted twice; at most
+:data:`MAX_WORKERS_REMEMBERED`, beyond which a retry could count twice). It is a hash beside
+the state, not a field of it, because the state is rewritten whole from what a turn read when
+it arrived, which would drop a spawn or return counted meanwhile; the scripts below update it
+in place, atomically, so concurrent spawns (a fan-out of first requests) and returns are never
+lost. Its TTL follows the state's (every :meth:`SegmentStore.put` renews both) and
+:meth:`SegmentStore.delete` removes both.
 """
 
 from __future__ import annotations
@@ -25,18 +28,31 @@ from typing import Any, NamedTuple
 from service.policy.spawn_context import WorkerHistory
 from service.state.store import StateStore
 
-__all__ = ["MAX_STATE_BYTES", "SegmentStore", "Spawned"]
+__all__ = ["MAX_STATE_BYTES", "MAX_WORKERS_REMEMBERED", "SegmentStore", "Spawned"]
 
-#: KEYS: 1 the parent's counters; ARGV: 1 the parent's turn, 2 ttl s.
-#: Returns {workers before, returned before, log lifetime sum, siblings since that turn}.
+#: Workers of one parent remembered by id (the session record's own cap on its workers).
+MAX_WORKERS_REMEMBERED = 1024
+
+#: KEYS: 1 the parent's counters; ARGV: 1 the parent's turn, 2 ttl s, 3 worker id, 4 cap.
+#: Returns {workers before, returned, log lifetime sum, siblings before it since that turn};
+#: a worker counted already gets its own place back (and the returns counted since).
 _SPAWNED = """
-local before = redis.call('HINCRBY', KEYS[1], 'n', 1) - 1
-local v = redis.call('HMGET', KEYS[1], 'r', 'l', 'gt', 'gn')
+local field = 'w:' .. ARGV[3]
+local v = redis.call('HMGET', KEYS[1], 'n', 'r', 'l', 'gt', 'gn', field)
+local returned, log_sum = tonumber(v[2] or '0') or 0, v[3] or '0'
+if v[6] then
+  local before, since = string.match(v[6], '^(%d+) (%d+)$')
+  return {tonumber(before) or 0, returned, log_sum, tonumber(since) or 0}
+end
+local before = tonumber(v[1] or '0') or 0
 local since = 0
-if v[3] == ARGV[1] then since = tonumber(v[4]) or 0 end
-redis.call('HSET', KEYS[1], 'gt', ARGV[1], 'gn', since + 1)
+if v[4] == ARGV[1] then since = tonumber(v[5] or '0') or 0 end
+redis.call('HSET', KEYS[1], 'n', before + 1, 'gt', ARGV[1], 'gn', since + 1)
+if before < tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[1], field, before .. ' ' .. since)
+end
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-return {before, tonumber(v[1] or '0') or 0, v[2] or '0', since}
+return {before, returned, log_sum, since}
 """
 #: KEYS: 1 the parent's counters; ARGV: 1 the worker's log lifetime. A parent whose counters
 #: are gone (ended, expired) gets none back: a late return recreates nothing.
@@ -104,30 +120,20 @@ class SegmentStore:
         await self._store.breaker.call("segments_delete", lambda: self._client.delete(key))
         await self._store.breaker.call("segments_delete", lambda: self._client.delete(workers))
 
-    async def spawned(self, tenant: str, parent: str, parent_turn: int, ttl_s: int) -> Spawned:
-        """Count a worker spawned under ``parent`` after its turn ``parent_turn``: the
-        history before it and its place among the siblings spawned since that turn."""
+    async def spawned(
+        self, tenant: str, parent: str, worker: str, parent_turn: int, ttl_s: int
+    ) -> Spawned:
+        """Count ``worker`` spawned under ``parent`` after its turn ``parent_turn`` (once:
+        again, it gets its first answer back): the history before it and its place among the
+        siblings spawned since that turn."""
         key = self._keys.segment_workers(tenant, parent)
-        args = [str(parent_turn), str(max(1, ttl_s))]
+        args = [str(parent_turn), str(max(1, ttl_s)), worker, str(MAX_WORKERS_REMEMBERED)]
         raw = await self._store.breaker.call(
             "segments_workers", lambda: self._spawned(keys=[key], args=args)
         )
         before, returned, log_sum, since = raw
         history = WorkerHistory(int(before), int(returned), float(_text(log_sum)))
         return Spawned(history, int(since))
-
-    async def history(self, tenant: str, parent: str, parent_turn: int) -> Spawned:
-        """What :meth:`spawned` would return, without counting a worker."""
-        key = self._keys.segment_workers(tenant, parent)
-        raw = await self._store.breaker.call(
-            "segments_workers", lambda: self._client.hmget(key, ["n", "r", "l", "gt", "gn"])
-        )
-        n, r, log_sum, group_turn, since = raw
-        same = group_turn is not None and _text(group_turn) == str(parent_turn)
-        history = WorkerHistory(
-            int(_text(n)) if n else 0, int(_text(r)) if r else 0, float(_text(log_sum or "0"))
-        )
-        return Spawned(history, int(_text(since)) if same and since else 0)
 
     async def returned(self, tenant: str, parent: str, log_lifetime: float) -> None:
         """Count a worker of ``parent`` returned with the given log lifetime."""

@@ -326,9 +326,16 @@ def test_a_trained_ranker_from_the_setting_predicts_at_spawn(sidecar_factory, tm
     want = [
         ranker.predict_lifetime_s(
             SpawnRecord(
-                kind, "claude-haiku-4-5", 10000, parent_turn=0, parent_context_tokens=33,
-                fanout=k + 1, sibling_index=k, session_elapsed_s=0.0, workers_before=k,
-            )  # fmt: skip
+                kind,
+                "claude-haiku-4-5",
+                10000,
+                parent_turn=0,
+                parent_context_tokens=33,
+                fanout=k + 1,
+                sibling_index=k,
+                session_elapsed_s=0.0,
+                workers_before=k,
+            )
         )
         for k, kind in enumerate(("Explore", "Plan"))
     ]
