@@ -91,6 +91,22 @@ def _lifetime_s(entry: dict[str, Any], inner: list[Any]) -> float:
     return max(ends) if ends else 0.0
 
 
+def _spawned_at(entry: dict[str, Any]) -> float:
+    """When a sub-agent was spawned (seconds since its session started).
+
+    A sub-agent entry's ``t`` is when its tool call *returned*: for a completed agent that is
+    its end (``t - duration_ms`` lands 0.1-1.0 s after the preceding parent call ended, for
+    every completed sub-agent of the trace but one, and siblings of one fan-out share it),
+    for a background agent (``async_launched``, no duration) its launch. A spawn record holds
+    only what was known at the spawn, so the spawn time is ``t - duration``.
+    """
+    t = _float(entry, "t")
+    duration = entry.get("duration_ms")
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and duration >= 0:
+        return max(0.0, t - float(duration) / 1000.0)
+    return t
+
+
 class _Reader:
     def __init__(self, meta: TraceMeta) -> None:
         self.meta = meta
@@ -115,8 +131,12 @@ class _Reader:
                     gap_s=_float(last_call, "think_time"),
                 )
             )
-            for index, (child, entry, inner) in enumerate(group):
-                at = float(entry.get("t", 0.0) or 0.0)
+            # The trace lists a fan-out's siblings in the order they returned, which a spawn
+            # cannot know: order them by spawn time (to the millisecond), then by agent id.
+            ordered = sorted(group, key=lambda g: (round(_spawned_at(g[1]), 3), g[0]))
+            for index, (child, entry, inner) in enumerate(ordered):
+                lifetime = _lifetime_s(entry, inner)
+                at = _spawned_at(entry)
                 models = entry.get("models") or []
                 first = next(r for r in inner if isinstance(r, dict) and r.get("type") in _CALLS)
                 record = SpawnRecord(
@@ -132,7 +152,6 @@ class _Reader:
                     # The derivation the sidecar uses live (service.policy.spawn_context).
                     **parent_features(call, history_at(earlier, at)),
                 )
-                lifetime = _lifetime_s(entry, inner)
                 self.meta.spawns.append(LabeledSpawn(root, child, record, lifetime))
                 earlier.append((at, lifetime))
                 self.meta.subagent_types[child] = record.subagent_type
