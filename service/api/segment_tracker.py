@@ -76,6 +76,8 @@ class SegmentTracker(SegmentLifecycle):
     ) -> PendingTurn | None:
         """The session's state for this request, or :class:`SegmentRefused`; None: Redis is
         unavailable (the request goes on without segments)."""
+        # A request right after an answer (an instant tool) must see that answer's record.
+        await self._settled(tenant, session)
         try:
             state = await self._load(tenant, session)
             if state is None:

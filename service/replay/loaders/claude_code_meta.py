@@ -95,10 +95,10 @@ def _spawned_at(entry: dict[str, Any]) -> float:
     """When a sub-agent was spawned (seconds since its session started).
 
     A sub-agent entry's ``t`` is when its tool call *returned*: for a completed agent that is
-    its end (``t - duration_ms`` lands 0.1-1.0 s after the preceding parent call ended, for
-    every completed sub-agent of the trace but one, and siblings of one fan-out share it),
-    for a background agent (``async_launched``, no duration) its launch. A spawn record holds
-    only what was known at the spawn, so the spawn time is ``t - duration``.
+    its end (``t - duration_ms`` lands 0.1-1.0 s after the preceding parent call ended for 35
+    of the trace's 37 completed sub-agents, and a fan-out's siblings share it), for a
+    background agent (``async_launched``, no duration) its launch. A spawn record holds only
+    what was known at the spawn, so the spawn time is ``t - duration``.
     """
     t = _float(entry, "t")
     duration = entry.get("duration_ms")
