@@ -7,6 +7,7 @@ The ranker is a recording one (it implements ``WorkerRanker``), so each spawn's
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -216,3 +217,31 @@ def test_a_parallel_fan_out_counts_every_sibling_once(live, redis_url):
     assert sorted(r.sibling_index for r in ranker.records) == list(range(len(workers)))
     client = redis.Redis.from_url(redis_url)
     assert client.hget(f"{PREFIX}:segw:default:P", "n") == str(len(workers)).encode()
+
+
+def test_the_worker_history_on_a_cluster(live, redis_cluster):
+    """On a 3-master cluster (keys hash-tagged) the state, the history and their scripts
+    share one slot: nothing raises CROSSSLOT (which would fail open, silently)."""
+    start, ranker, clock = live
+    http = start(redis_url=redis_cluster.url, redis_cluster=True)
+    assert chat(http, "P", [user(1)], model="echo").status_code == 200
+    client = redis.RedisCluster.from_url(redis_cluster.url)
+    try:
+
+        def state() -> dict[str, Any] | None:
+            raw = client.get("{tenure}:seg:default:P")
+            return None if raw is None else dict(json.loads(raw))
+
+        wait_for(lambda: (state() or {}).get("turn") == 1)
+        assert (
+            chat(http, "w1", [user(2)], model="echo", **{"X-Tenure-Parent": "P"}).status_code == 200
+        )
+        clock.now += 30.0
+        assert http.post("/v1/sessions/w1/return").status_code == 200
+        assert http.post("/v1/sessions/P/workers", json={"worker_id": "w2"}).status_code == 201
+        last = ranker.records[-1]
+        assert (last.workers_before, last.workers_returned) == (1, 1)
+        assert last.returned_mean_lifetime_s == pytest.approx(30.0)
+        assert client.hget("{tenure}:segw:default:P", "n") == b"2"
+    finally:
+        client.close()
