@@ -64,6 +64,8 @@ class PendingTurn:
     turn: int = 0
     #: When the request arrived (the sidecar's clock): the gap before it ends here.
     started_at: float = 0.0
+    #: Its new input has user text, not only tool results (chat or Anthropic messages).
+    human: bool = False
 
 
 class SegmentTracker(SegmentLifecycle):
@@ -100,7 +102,8 @@ class SegmentTracker(SegmentLifecycle):
                 "X-Tenure-Parent",
             )
         model = payload.get("model")
-        messages = payload.get("messages") if chat else None
+        sent = payload.get("messages")
+        messages = sent if chat else None
         return PendingTurn(
             tenant,
             session,
@@ -108,6 +111,7 @@ class SegmentTracker(SegmentLifecycle):
             model if isinstance(model, str) else "",
             messages if isinstance(messages, list) else None,
             started_at=self.clock(),
+            human=human_turn(input_types(sent if isinstance(sent, list) else None)),
         )
 
     async def tags(
@@ -200,7 +204,7 @@ class SegmentTracker(SegmentLifecycle):
                 spans=list(split.spans),
                 facts=facts,
                 returned=last_turn,
-                human=human_turn(input_types(pending.messages)),
+                human=pending.human,
                 gap_s=max(0.0, gap),
                 ended_at=ended_at,
             )
