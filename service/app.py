@@ -141,7 +141,7 @@ def create_app(
             clock=clock,
         )  # fmt: skip
         segments = (
-            SegmentTracker(settings, store, upstream, metrics, ranker)
+            SegmentTracker(settings, store, upstream, metrics, ranker, clock=clock)
             if ranker is not None
             else None
         )

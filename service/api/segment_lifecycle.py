@@ -5,13 +5,22 @@ ended, a lead's live workers retired with it; the per-session state these share.
 (the proxy's per-turn hooks). Refusals are :class:`SegmentRefused` (status, message, code,
 param), answered by the routes in the API's own error style. Segment ids and Redis keys are the
 sidecar's own and tenant-scoped; a session can only name a parent of its own tenant.
+
+A spawn gives the ranker what the replay derives from a trace
+(:func:`service.policy.spawn_context.parent_features`): the parent's latest answered call, as
+its state records it, and its worker history, counted in Redis
+(:meth:`~service.state.segment_store.SegmentStore.spawned` / ``returned``: a return adds the
+worker's lifetime, spawn to return on this clock, to its parent's history). A spawn first waits
+(bounded) for the parent's answer still being recorded, so it sees the call that spawned it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +31,7 @@ from service.api.upstream_client import UpstreamClient
 from service.metrics import Metrics
 from service.policy.ranker import WorkerRanker
 from service.policy.segments import SessionRole
+from service.policy.spawn_context import lifetime_log, parent_features
 from service.settings import Settings
 from service.state.breaker import StateUnavailable
 from service.state.keys import scoped_session_id
@@ -35,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: How deep an ended lead's tree of workers is walked to retire them.
 TREE_DEPTH = 4
+#: How long a spawn waits for its parent's answer to be recorded (read your own writes).
+RECORD_WAIT_S = 2.0
 
 
 class SegmentRefused(Exception):
@@ -63,6 +75,8 @@ class SegmentLifecycle:
         upstream: UpstreamClient,
         metrics: Metrics,
         ranker: WorkerRanker,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.sessions = store
@@ -72,6 +86,9 @@ class SegmentLifecycle:
         self.ranker = ranker
         #: (tenant, model) pairs seen to reason, most recent last (the per-turn hooks' memory).
         self._reasoning_models: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.clock = clock
+        #: (tenant, session) -> the task recording its latest answer, while it runs.
+        self._recording: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     # --- the lifecycle API ---------------------------------------------------------------
 
@@ -86,20 +103,14 @@ class SegmentLifecycle:
         now: float,
     ) -> SegmentState:
         """A worker spawned through the API: its role, parent and the ranker's prediction."""
+        await self._settled(tenant, parent)
         parent_state = await self._load(tenant, parent)
         if parent_state is not None and parent_state.returned:
             raise SegmentRefused(
                 409, f"session {parent!r} has returned; it spawns no workers", "worker_returned"
             )
-        facts = replace(
-            spawn,
-            parent_turn=parent_record.turn,
-            parent_context_tokens=(
-                parent_state.facts.prompt_tokens or 0
-                if parent_state is not None and parent_state.facts is not None
-                else 0
-            ),
-            session_elapsed_s=max(0.0, now - (parent_record.created_at or now)),
+        facts = await self._spawn_facts(
+            tenant, parent, parent_state, parent_record, worker, spawn, now
         )
         state = SegmentState(
             role=_role(role),
@@ -107,6 +118,7 @@ class SegmentLifecycle:
             predicted_lifetime_s=predict(self.ranker, facts),
             expected_tokens=spawn.expected_tokens or None,
             model=spawn.model,
+            spawned_at=now,
         )
         await self.store.put(tenant, worker, state.to_json(), self.settings.session_ttl_s)
         return state
@@ -152,6 +164,7 @@ class SegmentLifecycle:
         whether the engine took the notice (False also when it never saw the worker)."""
         done = replace(state, returned=True)
         await self.store.put(tenant, worker, done.to_json(), self.settings.finished_ttl_s)
+        await self._count_return(tenant, state)
         if turn <= 0 or not state.model:
             return False
         tenure = {
@@ -178,6 +191,46 @@ class SegmentLifecycle:
             return
 
     # --- internals --------------------------------------------------------------------------
+
+    async def _spawn_facts(
+        self,
+        tenant: str,
+        parent: str,
+        parent_state: SegmentState | None,
+        parent_record: SessionRecord,
+        worker: str,
+        spawn: SpawnFacts,
+        now: float,
+    ) -> SpawnFacts:
+        """The spawn's own facts plus its parent's, derived as the replay derives them; the
+        worker is counted in its parent's history, atomically with the read (once: a first
+        request retried gets its first place back)."""
+        call = parent_state.parent_call() if parent_state is not None else None
+        turn = parent_state.turn if parent_state is not None else 0
+        ttl = self.settings.session_ttl_s
+        spawned = await self.store.spawned(tenant, parent, worker, turn, ttl)
+        return replace(
+            spawn,
+            session_elapsed_s=max(0.0, now - (parent_record.created_at or now)),
+            # Siblings spawned since the parent's call: a lower bound on the fan-out (the
+            # replay sees the whole group, a live spawn only those before it).
+            fanout=spawned.sibling_index + 1,
+            sibling_index=spawned.sibling_index,
+            **parent_features(call, spawned.history),
+        )
+
+    async def _count_return(self, tenant: str, state: SegmentState) -> None:
+        """A worker returned: its lifetime joins its parent's history. (Two concurrent returns
+        of one worker could both count; the second is refused everywhere else.)"""
+        if state.parent is None or state.spawned_at is None or state.role is SessionRole.LEAD:
+            return
+        lifetime = max(0.0, self.clock() - state.spawned_at)
+        await self.store.returned(tenant, state.parent, lifetime_log(lifetime))
+
+    async def _settled(self, tenant: str, session: str) -> None:
+        task = self._recording.get((tenant, session))
+        if task is not None:
+            await asyncio.wait({task}, timeout=RECORD_WAIT_S)
 
     def _identity(self, tenant: str, state: SegmentState) -> dict[str, Any]:
         out: dict[str, Any] = {"role": state.role.value}

@@ -11,6 +11,7 @@ import msgspec
 
 from service.api.segment_facts import ResponseFacts
 from service.policy.segments import SegmentClass, SessionRole
+from service.policy.spawn_context import ParentCall
 from service.wire.segments import MAX_SEGMENTS
 
 __all__ = ["MAX_SPANS", "SegmentState", "Span", "StateDecodeError"]
@@ -47,6 +48,10 @@ class _StateWire(msgspec.Struct, forbid_unknown_fields=False):
     gen_start: int | None = None
     spans: list[tuple[str, str, int, int, str]] = []
     facts: tuple[int | None, int | None, int | None, str | None, int, int] | None = None
+    human: bool = False
+    gap_s: float = 0.0
+    ended_at: float | None = None
+    spawned_at: float | None = None
 
 
 _state_decoder = msgspec.json.Decoder(_StateWire)
@@ -77,6 +82,13 @@ class SegmentState:
     gen_start: int | None = None
     spans: list[Span] = field(default_factory=list)
     facts: ResponseFacts | None = None
+    #: That request answered a human message (not only tool results), the gap before it
+    #: (the previous answer's end to its arrival) and when its answer ended (sidecar clock).
+    human: bool = False
+    gap_s: float = 0.0
+    ended_at: float | None = None
+    #: A worker: when it was spawned (its lifetime, counted in its parent's history on return).
+    spawned_at: float | None = None
 
     @property
     def role_class(self) -> SegmentClass:
@@ -107,6 +119,10 @@ class SegmentState:
                 f.reasoning_chars,
                 f.content_chars,
             ),
+            human=self.human,
+            gap_s=self.gap_s,
+            ended_at=self.ended_at,
+            spawned_at=self.spawned_at,
         )
         return _encode(wire)
 
@@ -132,4 +148,23 @@ class SegmentState:
             gen_start=w.gen_start,
             spans=spans,
             facts=None if w.facts is None else ResponseFacts(*w.facts),
+            human=w.human,
+            gap_s=w.gap_s,
+            ended_at=w.ended_at,
+            spawned_at=w.spawned_at,
+        )
+
+    def parent_call(self) -> ParentCall | None:
+        """This session's latest answered call, as a spawn under it sees it (None: no call
+        answered yet)."""
+        if self.turn <= 0:
+            return None
+        f = self.facts or ResponseFacts()
+        return ParentCall(
+            index=self.turn - 1,  # session turns count from 1, call indices from 0
+            prompt_tokens=f.prompt_tokens or 0,
+            output_tokens=f.completion_tokens or 0,
+            thinking=f.reasoning_digest is not None or (f.reasoning_tokens or 0) > 0,
+            human_turn=self.human,
+            gap_s=self.gap_s,
         )

@@ -13,8 +13,9 @@ finds. The proxy calls
 2. :meth:`SegmentTracker.tags` once the turn number is known: the split and the wire fields
    (checked with the wire's own parser);
 3. :meth:`SegmentTracker.record` after the answer: the response's facts become the state for
-   the next turn; a last turn deletes the state (a worker's leaves a short-lived "returned"
-   tombstone, so a second return is refused).
+   the next turn, with what a spawn under this session takes from its call (whether it
+   answered a human message, the gap before it, when it ended); a last turn deletes the state
+   (a worker's leaves a short-lived "returned" tombstone, so a second return is refused).
 
 Redis down: no segments, the request goes on (fail open, as the turn itself). Segment ids and
 Redis keys are the sidecar's own and tenant-scoped; a session can only name a parent of its own
@@ -37,6 +38,7 @@ from service.api.segment_state import SegmentState
 from service.api.segments import Split, split_turn
 from service.api.spawns import SpawnFacts, predict
 from service.policy.segments import SessionRole
+from service.policy.spawn_context import human_turn, input_types
 from service.state.breaker import StateUnavailable
 from service.wire.segments import SegmentWireError, parse_segment_tags
 
@@ -60,6 +62,10 @@ class PendingTurn:
     messages: list[Any] | None
     split: Split | None = None
     turn: int = 0
+    #: When the request arrived (the sidecar's clock): the gap before it ends here.
+    started_at: float = 0.0
+    #: Its new input has user text, not only tool results (chat or Anthropic messages).
+    human: bool = False
 
 
 class SegmentTracker(SegmentLifecycle):
@@ -72,6 +78,8 @@ class SegmentTracker(SegmentLifecycle):
     ) -> PendingTurn | None:
         """The session's state for this request, or :class:`SegmentRefused`; None: Redis is
         unavailable (the request goes on without segments)."""
+        # A request right after an answer (an instant tool) must see that answer's record.
+        await self._settled(tenant, session)
         try:
             state = await self._load(tenant, session)
             if state is None:
@@ -94,13 +102,16 @@ class SegmentTracker(SegmentLifecycle):
                 "X-Tenure-Parent",
             )
         model = payload.get("model")
-        messages = payload.get("messages") if chat else None
+        sent = payload.get("messages")
+        messages = sent if chat else None
         return PendingTurn(
             tenant,
             session,
             state,
             model if isinstance(model, str) else "",
             messages if isinstance(messages, list) else None,
+            started_at=self.clock(),
+            human=human_turn(input_types(sent if isinstance(sent, list) else None)),
         )
 
     async def tags(
@@ -146,11 +157,22 @@ class SegmentTracker(SegmentLifecycle):
     def record(
         self, pending: PendingTurn, facts: ResponseFacts | None, *, last_turn: bool
     ) -> asyncio.Task[None]:
-        """The turn was answered: store what the next turn needs (off the response path)."""
-        return asyncio.get_running_loop().create_task(self._record(pending, facts, last_turn))
+        """The turn was answered: store what the next turn needs (off the response path; a
+        spawn under this session waits for it, see ``_settled``)."""
+        task = asyncio.get_running_loop().create_task(
+            self._record(pending, facts, last_turn, self.clock())
+        )
+        key = (pending.tenant, pending.session)
+        self._recording[key] = task
+        task.add_done_callback(lambda t: self._forget_record(key, t))
+        return task
+
+    def _forget_record(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._recording.get(key) is task:
+            del self._recording[key]
 
     async def _record(
-        self, pending: PendingTurn, facts: ResponseFacts | None, last_turn: bool
+        self, pending: PendingTurn, facts: ResponseFacts | None, last_turn: bool, ended_at: float
     ) -> None:
         state, split = pending.state, pending.split
         if split is None:
@@ -170,6 +192,7 @@ class SegmentTracker(SegmentLifecycle):
             gen_start = facts.prompt_tokens if facts is not None else None
             if gen_start is None and split.gen is not None:
                 gen_start = split.gen.start
+            gap = 0.0 if state.ended_at is None else pending.started_at - state.ended_at
             new = replace(
                 state,
                 model=pending.model or state.model,
@@ -181,21 +204,29 @@ class SegmentTracker(SegmentLifecycle):
                 spans=list(split.spans),
                 facts=facts,
                 returned=last_turn,
+                human=pending.human,
+                gap_s=max(0.0, gap),
+                ended_at=ended_at,
             )
             ttl = self.settings.finished_ttl_s if last_turn else self.settings.session_ttl_s
             await self.store.put(pending.tenant, pending.session, new.to_json(), ttl)
+            if last_turn:
+                await self._count_return(pending.tenant, state)
         except StateUnavailable:
             return
         except Exception:
             log.exception("recording a turn's segments failed")
 
     async def _new_state(self, tenant: str, session: str, parent: str | None) -> SegmentState:
+        """A new session's state; a worker's first request (naming its parent) is its spawn:
+        counted in the parent's history then (a retry of it counts once)."""
         if parent is None:
             return SegmentState()
         if parent == session:
             raise SegmentRefused(
                 400, "a session cannot be its own parent", "unknown_parent", "X-Tenure-Parent"
             )
+        await self._settled(tenant, parent)
         parent_state = await self._load(tenant, parent)
         record = await self.sessions.get_session(tenant, parent)
         if record is None:
@@ -212,16 +243,13 @@ class SegmentTracker(SegmentLifecycle):
                 "parent_ended",
                 "X-Tenure-Parent",
             )
-        facts = SpawnFacts(
-            parent_turn=record.turn,
-            parent_context_tokens=(
-                parent_state.facts.prompt_tokens or 0
-                if parent_state is not None and parent_state.facts is not None
-                else 0
-            ),
+        now = self.clock()
+        facts = await self._spawn_facts(
+            tenant, parent, parent_state, record, session, SpawnFacts(), now
         )
         return SegmentState(
             role=SessionRole.WORKER,
             parent=parent,
             predicted_lifetime_s=predict(self.ranker, facts),
+            spawned_at=now,
         )

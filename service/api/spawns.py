@@ -8,8 +8,11 @@ sub-agent's type on the Claude Code trace) is used.
 
 The prediction is made when a worker is spawned (``POST /v1/sessions/{parent}/workers``, or a
 first request naming its parent): the spawn's own fields (``subagent_type``, ``model``,
-``expected_tokens``, ``background``) plus what the sidecar knows of the parent (its turn, its
-latest prompt size, when it started, the siblings spawned since its last turn).
+``expected_tokens``, ``background``) plus what the sidecar knows of the parent, derived as the
+replay derives it from a trace (:func:`service.policy.spawn_context.parent_features`): its
+latest call (index, context after it, output size, reasoning, human turn, the gap before it),
+the time since it started, the siblings spawned since that call, and its earlier workers
+(count, returned, their geometric mean lifetime). A base artefact ignores the extended ones.
 """
 
 from __future__ import annotations
@@ -45,6 +48,14 @@ class SpawnFacts:
     fanout: int = 1
     sibling_index: int = 0
     session_elapsed_s: float = 0.0
+    # The extended set (service.policy.ranker.EXTENDED_FEATURES), filled by the tracker.
+    parent_output_tokens: int = 0
+    parent_thinking: bool = False
+    parent_human_turn: bool = False
+    parent_gap_s: float = 0.0
+    workers_before: int = 0
+    workers_returned: int = 0
+    returned_mean_lifetime_s: float = 0.0
 
 
 def predict(ranker: WorkerRanker, facts: SpawnFacts) -> float:
@@ -59,6 +70,13 @@ def predict(ranker: WorkerRanker, facts: SpawnFacts) -> float:
         fanout=facts.fanout,
         sibling_index=facts.sibling_index,
         session_elapsed_s=facts.session_elapsed_s,
+        parent_output_tokens=facts.parent_output_tokens,
+        parent_thinking=facts.parent_thinking,
+        parent_human_turn=facts.parent_human_turn,
+        parent_gap_s=facts.parent_gap_s,
+        workers_before=facts.workers_before,
+        workers_returned=facts.workers_returned,
+        returned_mean_lifetime_s=facts.returned_mean_lifetime_s,
     )
     value = float(ranker.predict_lifetime_s(record))
     return value if value >= 0 and value == value and value != float("inf") else 0.0

@@ -7,9 +7,9 @@ size, by position in a fan-out, by how many workers the session spawned before),
 final model on every spawn (ridge penalty chosen by leave-one-session-out) and writes it as
 JSON: the artefact the adapter and the sidecar load
 (:meth:`service.policy.ranker.RidgeRanker.load`). ``--features`` picks its feature set:
-``base`` (the default: what the sidecar's spawn route fills in today) or ``extended`` (for a
-harness that passes the extended spawn facts; fed zeros, it would rank as if every worker were
-a session's first).
+``extended`` (the default: the sidecar derives every extended fact live, as the replay does,
+:mod:`service.policy.spawn_context`) or ``base`` (the spawn's own facts and its place in the
+session only).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--features",
         choices=("base", "extended"),
-        default="base",
-        help="the artefact's spawn features (default: base, what the sidecar fills in)",
+        default="extended",
+        help="the artefact's spawn features (default: extended; the sidecar fills them all)",
     )
     parser.set_defaults(func=_train)
 

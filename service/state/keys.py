@@ -69,6 +69,10 @@ class Keys:
     def segments(self, tenant: str, session: str) -> str:
         return f"{self.prefix}:seg:{tenant}:{session}"
 
+    def segment_workers(self, tenant: str, session: str) -> str:
+        """A parent session's worker counters (:mod:`service.state.segment_store`)."""
+        return f"{self.prefix}:segw:{tenant}:{session}"
+
     def prefix_hash(self, tenant: str, digest: str) -> str:
         return f"{self.prefix}:px:{tenant}:{digest}"
 

@@ -55,6 +55,25 @@ def test_claude_code_subagents_are_child_sessions(claude: Trace) -> None:
     assert child.turns[1].gap_s == 3.0
 
 
+def test_claude_code_subagents_start_when_spawned_not_when_they_returned(claude: Trace) -> None:
+    """A sub-agent entry's ``t`` is when it returned: trace_0010's first one (t 100.7 s,
+    91.2 s long) was spawned 0.6 s after the parent call before it ended, not 91.8 s after,
+    and the parent's next call waits for it (the recording shows it did)."""
+    by_id = {s.id: s for s in claude.sessions}
+    children = [s for s in claude.sessions if s.id.startswith("trace_0010/")]
+    assert len(children) == 4
+    first = min(children, key=lambda c: (c.spawn_after, c.turns[0].gap_s))
+    assert first.turns[0].gap_s == pytest.approx(0.6, abs=0.05)
+    assert first.join is not None and first.join[0] == first.spawn_after + 1
+    # Over the trace: every finished sub-agent starts within about a second of the parent
+    # call it follows, except trace_0004's two (a session resumed after a long idle).
+    late = [c.id for c in claude.sessions if c.parent is not None and c.turns[0].gap_s > 1.5]
+    assert late == ["trace_0004/agent_001", "trace_0004/agent_002"]
+    assert by_id["trace_0004/agent_001"].turns[0].gap_s > 100_000
+    joined = [c for c in claude.sessions if c.parent is not None and c.join is not None]
+    assert len(joined) == 35  # of 41: the others are background agents or never waited for
+
+
 def test_claude_code_compaction_starts_a_new_segment(claude: Trace) -> None:
     """A call that keeps less than half of the previous context continues on a new segment."""
     found = 0

@@ -321,11 +321,23 @@ def test_a_trained_ranker_from_the_setting_predicts_at_spawn(sidecar_factory, tm
             answer = http.post("/v1/sessions/R/workers", json=spawn)
             assert answer.status_code == 201
             got.append(answer.json()["predicted_lifetime_s"])
+    # As the replay derives them: the parent's call index 0, its context after the call (30
+    # prompt words + the echo's 3 answer tokens), the second spawn second in its fan-out.
     want = [
         ranker.predict_lifetime_s(
-            SpawnRecord(kind, "claude-haiku-4-5", 10000, parent_turn=1, session_elapsed_s=0.0)
+            SpawnRecord(
+                kind,
+                "claude-haiku-4-5",
+                10000,
+                parent_turn=0,
+                parent_context_tokens=33,
+                fanout=k + 1,
+                sibling_index=k,
+                session_elapsed_s=0.0,
+                workers_before=k,
+            )
         )
-        for kind in ("Explore", "Plan")
+        for k, kind in enumerate(("Explore", "Plan"))
     ]
     # The artefact's own predictions (session_elapsed_s is the only clock-dependent input:
     # within a test it is well under a second, a tiny feature change after log1p).

@@ -7,8 +7,10 @@ One session per line. Calls (``type`` ``n`` or ``s``) form the session's main ch
   human), so in the closed-loop replay the call arrives that long after the previous one
   completed;
 * a child starts ``t_spawn - (t_prev + api_time_prev)`` after the parent call that precedes it
-  completed; the parent call that follows it waits for the child to finish (plus the recorded
-  hand-back time) when the recording shows it did (the child ended before that call started);
+  completed, where ``t_spawn = t - duration_ms`` (a sub-agent entry's ``t`` is when it
+  returned; a background one's, without a duration, when it was launched); the parent call
+  that follows it waits for the child to finish (plus the recorded hand-back time) when the
+  recording shows it did (the child ended, at ``t``, before that call started);
 * block ids (``hash_runs``, run-length encoded) are local to a session and its sub-agents: one
   id space per root session.
 """
@@ -91,8 +93,13 @@ class _Loader:
                     continue  # a sub-agent that never called the model leaves no trace here
                 agent = str(req.get("agent_id", f"agent{len(pending)}"))
                 duration = _number(req, "duration_ms", w, default=-1.0)
-                end = t + duration / 1000.0 if duration >= 0 else -1.0
-                gap = t if prev_end is None else max(0.0, t - prev_end)
+                # The entry's ``t`` is when the sub-agent's tool call returned: for a finished
+                # one its end, so it was spawned ``duration_ms`` earlier (that lands 0.1-1.0 s
+                # after the preceding parent call ended for 35 of the trace's 37 finished
+                # sub-agents); a background one (no duration) records its launch.
+                start = max(0.0, t - duration / 1000.0) if duration >= 0 else t
+                end = t if duration >= 0 else -1.0
+                gap = start if prev_end is None else max(0.0, start - prev_end)
                 pending.append((f"{sid}/{agent}", inner, w, len(turns) - 1, gap, end))
                 since_prev.append(len(pending) - 1)
                 continue

@@ -11,7 +11,6 @@ sessions and turns.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from service.errors import TraceError
 from service.policy.ranker import SpawnRecord
 from service.policy.ranker_fit import LabeledSpawn
+from service.policy.spawn_context import ParentCall, history_at, human_turn, parent_features
 from service.replay.loaders._io import json_lines, require
 
 __all__ = ["CallMeta", "TraceMeta", "load_claude_code_meta"]
@@ -91,27 +91,52 @@ def _lifetime_s(entry: dict[str, Any], inner: list[Any]) -> float:
     return max(ends) if ends else 0.0
 
 
+def _spawned_at(entry: dict[str, Any]) -> float:
+    """When a sub-agent was spawned (seconds since its session started).
+
+    A sub-agent entry's ``t`` is when its tool call *returned*: for a completed agent that is
+    its end (``t - duration_ms`` lands 0.1-1.0 s after the preceding parent call ended for 35
+    of the trace's 37 completed sub-agents, and a fan-out's siblings share it), for a
+    background agent (``async_launched``, no duration) its launch. A spawn record holds only
+    what was known at the spawn, so the spawn time is ``t - duration``.
+    """
+    t = _float(entry, "t")
+    duration = entry.get("duration_ms")
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and duration >= 0:
+        return max(0.0, t - float(duration) / 1000.0)
+    return t
+
+
 class _Reader:
     def __init__(self, meta: TraceMeta) -> None:
         self.meta = meta
 
     def session(self, sid: str, root: str, requests: list[Any], where: str) -> None:
         calls: list[CallMeta] = []
-        last_in = 0
         last_call: dict[str, Any] = {}
         group: list[tuple[str, dict[str, Any], list[Any]]] = []
         pending: list[tuple[str, list[Any], str]] = []
         earlier: list[tuple[float, float]] = []  # (spawn t, lifetime s) of this session's workers
 
         def flush_group() -> None:
-            for index, (child, entry, inner) in enumerate(group):
-                at = float(entry.get("t", 0.0) or 0.0)
-                returned = [life for t, life in earlier if t + life <= at]
-                mean_life = (
-                    math.exp(sum(math.log(max(v, 1e-3)) for v in returned) / len(returned))
-                    if returned
-                    else 0.0
+            call = (
+                None
+                if not calls
+                else ParentCall(
+                    index=len(calls) - 1,
+                    prompt_tokens=_int(last_call, "in"),
+                    output_tokens=_int(last_call, "out"),
+                    thinking="thinking" in _types(last_call, "output_types"),
+                    human_turn=human_turn(_types(last_call, "input_types")),
+                    gap_s=_float(last_call, "think_time"),
                 )
+            )
+            # The trace lists a fan-out's siblings in the order they returned, which a spawn
+            # cannot know: order them by spawn time (to the millisecond), then by agent id.
+            ordered = sorted(group, key=lambda g: (round(_spawned_at(g[1]), 3), g[0]))
+            for index, (child, entry, inner) in enumerate(ordered):
+                lifetime = _lifetime_s(entry, inner)
+                at = _spawned_at(entry)
                 models = entry.get("models") or []
                 first = next(r for r in inner if isinstance(r, dict) and r.get("type") in _CALLS)
                 record = SpawnRecord(
@@ -121,20 +146,12 @@ class _Reader:
                     tool_tokens=_int(entry, "tool_tokens"),
                     system_tokens=_int(entry, "system_tokens"),
                     background=entry.get("status") == "async_launched",
-                    parent_turn=max(0, len(calls) - 1),
-                    parent_context_tokens=last_in,
                     fanout=len(group),
                     sibling_index=index,
                     session_elapsed_s=at,
-                    parent_output_tokens=_int(last_call, "out"),
-                    parent_thinking="thinking" in _types(last_call, "output_types"),
-                    parent_human_turn="text" in _types(last_call, "input_types"),
-                    parent_gap_s=_float(last_call, "think_time"),
-                    workers_before=len(earlier),
-                    workers_returned=len(returned),
-                    returned_mean_lifetime_s=mean_life,
+                    # The derivation the sidecar uses live (service.policy.spawn_context).
+                    **parent_features(call, history_at(earlier, at)),
                 )
-                lifetime = _lifetime_s(entry, inner)
                 self.meta.spawns.append(LabeledSpawn(root, child, record, lifetime))
                 earlier.append((at, lifetime))
                 self.meta.subagent_types[child] = record.subagent_type
@@ -166,7 +183,6 @@ class _Reader:
                     model=str(req.get("model") or ""),
                 )
             )
-            last_in = _int(req, "in") + _int(req, "out")
             last_call = req
         flush_group()
         self.meta.calls[sid] = calls
