@@ -4,7 +4,7 @@ with the adapter), the slice through the proxy, the simulator beside it, the rec
 One run (about two engine starts plus two ~15 s arms) carries every check that needs the live
 stack: the JSON schema the issue names, every call answered as the trace's answer was (tool
 calls by structured output), the simulator within a loose tolerance of the engine and with the
-same ordering of arms, nothing left running, and the recorded traffic replaying as the same
+same gap between the arms, nothing left running, and the recorded traffic replaying as the same
 sessions, turns and token counts.
 """
 
@@ -35,6 +35,8 @@ SLICE = ["--quick", "--seed", "0"]
 #: over the simulator with the VM at load 6, +1% / +7% at load 2.
 HIT_TOLERANCE_PP = 12.0
 COMPUTED_TOLERANCE = 0.35
+#: The tenure - lru hit-rate gap, live against simulated (measured 2.3 pp on the fixed loader).
+ORDER_TOLERANCE_PP = 10.0
 
 
 def _tenure(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -118,7 +120,7 @@ def test_out_of_regime_flags_a_speed_more_than_twice_off_the_profile() -> None:
 
 
 @pytest.mark.timeout(700)
-def test_simulator_tracks_the_engine_loosely_with_the_same_ordering(ab: dict[str, Any]) -> None:
+def test_simulator_tracks_the_engine_and_the_gap_between_the_arms(ab: dict[str, Any]) -> None:
     live, sim = ab["doc"]["arms"], ab["doc"]["simulated"]
     for name in ("lru", "tenure"):
         gap_pp = 100 * abs(live[name]["host_hit_rate"] - sim[name]["host_hit_rate"])
@@ -126,10 +128,15 @@ def test_simulator_tracks_the_engine_loosely_with_the_same_ordering(ab: dict[str
         computed = live[name]["prompt_tokens_computed"]
         predicted = sim[name]["prompt_tokens_computed"]
         assert abs(computed - predicted) <= COMPUTED_TOLERANCE * predicted, (name, computed)
+    # The gap between the arms, as the simulator predicts it and as the engine shows it. The
+    # quick slice (4 sessions, 39 calls) is too small to name a winner: with the loader's
+    # sub-agent timing fixed (a sub-agent starts at t - duration_ms, not at its return) the
+    # simulated tenure - lru hit-rate gap on it went from +17 to -5.5 pp; what it must show is
+    # that the simulator predicts the engine's gap. (The full run, `make demo`, is the A/B.)
     sim_order = sim["tenure"]["host_hit_rate"] - sim["lru"]["host_hit_rate"]
     live_order = live["tenure"]["host_hit_rate"] - live["lru"]["host_hit_rate"]
-    assert sim_order > 0.03, "the slice no longer separates the arms in the simulator"
-    assert live_order > 0, (live_order, sim_order)
+    assert abs(sim_order) > 0.03, "the slice no longer separates the arms in the simulator"
+    assert abs(live_order - sim_order) <= ORDER_TOLERANCE_PP / 100, (live_order, sim_order)
 
 
 @pytest.mark.timeout(700)
