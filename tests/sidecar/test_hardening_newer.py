@@ -1,0 +1,204 @@
+"""Holes the second adversarial probe of ``tenure serve`` found (issue 23), in what was added
+after the first: the worker-ranker artefact, the push channel's reports, the Redis topology
+settings (and, with the one request pipeline, the newer routes).
+
+As in ``test_hardening.py``: the real sidecar over HTTP (or as its own process, for start-up
+errors), a real Redis, a real ZeroMQ peer; each test checks both the answer and that nothing
+was stored, logged or forwarded that should not be.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from service.api.connections import redis_topology
+from service.policy.ranker import RankerArtefactError, RidgeRanker
+from service.policy.ranker_fit import fit_ridge
+from service.settings import SettingsError, load_settings
+from service.wire.push import Hello, ResidencyReport, ResyncRequest, Snapshot
+from tests.conftest import wait_for
+from tests.policy.test_ranker import synthetic
+from tests.sidecar.fake_upstream import free_port
+from tests.sidecar.test_push import Peer
+
+ADMIN = {"Authorization": "Bearer test-admin-token"}
+
+
+def _settings(**overrides: object):
+    return load_settings(admin_token="a-long-enough-token", push_addr="", **overrides)
+
+
+def _serve(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``tenure serve`` as an operator starts it, with only ``env`` (and a usable PATH)."""
+    full = {
+        "PATH": "/usr/bin:/bin",
+        "TENURE_ADMIN_TOKEN": "a-long-enough-token",
+        "TENURE_PUSH_ADDR": "",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port())],
+        env=full, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+# --- 5: a bad ranker artefact crashes start-up ----------------------------------------------
+
+
+def _deep_json(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _huge_intercept() -> bytes:
+    """A trained artefact, valid in every way but a 400-digit integer intercept."""
+    doc = fit_ridge(synthetic(), 1.0).to_json()
+    return json.dumps({**doc, "intercept": 10**400}).encode()
+
+
+BAD_ARTEFACTS = {
+    "not-utf8": lambda: b'{"format": "tenure-worker-ranker", "x": "\xff\xfe"}',
+    "nested-100k": lambda: _deep_json(100_000),
+    "huge-integer": _huge_intercept,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ARTEFACTS))
+def test_a_bad_ranker_artefact_is_one_line_naming_the_file_and_exit_2(tmp_path: Path, kind):
+    """Issue 23, defect 5: non-UTF-8 bytes, JSON nested 100k deep and a 400-digit integer
+    each gave a traceback and exit 1."""
+    path = tmp_path / f"ranker-{kind}.json"
+    path.write_bytes(BAD_ARTEFACTS[kind]())
+    done = _serve({"TENURE_WORKER_RANKER": str(path), "TENURE_SEGMENTS": "true"})
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith(f"tenure: error: TENURE_WORKER_RANKER: {path}:")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_huge_integer_in_every_number_field_is_refused(tmp_path: Path):
+    """The in-process loader, field by field (a 400-digit integer is valid JSON)."""
+    doc = fit_ridge(synthetic(), 1.0).to_json()
+    huge = 10**400
+    for key, bad in (
+        ("intercept", huge),
+        ("alpha", huge),
+        ("weights", [huge] * len(doc["weights"])),
+    ):
+        with pytest.raises(RankerArtefactError, match=key) as info:
+            RidgeRanker.from_json({**doc, key: bad}, "x.json")
+        assert "\n" not in str(info.value)
+
+
+# --- 6: a push peer floods the log with out-of-range reports --------------------------------
+
+
+def _engine_moves(http: httpx.Client, engine: str) -> int | None:
+    for row in http.get("/admin/engines", headers=ADMIN).json()["engines"]:
+        if row["engine"] == engine:
+            return int(row["sessions_moved_in"])
+    return None
+
+
+def _bad_frames(http: httpx.Client) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("tenure_push_bad_frames_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_out_of_range_residency_reports_are_counted_bad_and_dropped(
+    sidecar_factory, caplog: pytest.LogCaptureFixture
+):
+    """Issue 23, defect 6: ``cold_sessions = 2**63`` overflowed Redis ``HINCRBY`` and logged a
+    traceback per report. Such a report is a bad frame: counted, dropped, nothing logged, and
+    the peer's next good report is taken as usual."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = sidecar_factory(push_addr=addr, push_snapshot_interval_s=60)
+    peer = Peer(addr)
+    try:
+        peer.send(Hello(adapter_id="a1"))
+        peer.receive(Snapshot)
+        at = time.time()
+        bad = [
+            ResidencyReport(adapter_id="a1", report_seq=1, at=at, cold_sessions=2**63),
+            ResidencyReport(adapter_id="a1", report_seq=2, at=at, bytes_stored=2**64 - 1),
+            ResidencyReport(adapter_id="a1", report_seq=3, at=at, resident_bytes={"cpu": 2**63}),
+            ResidencyReport(adapter_id="a1", report_seq=4, at=at, evicted_blocks={"lru": -(2**63)}),
+        ]
+        with caplog.at_level(logging.WARNING):
+            for report in bad:
+                peer.send(report)
+            peer.send(ResidencyReport(adapter_id="a1", report_seq=5, at=at, cold_sessions=3))
+            # A resync round trip: every report sent before it has been handled.
+            peer.send(ResyncRequest(adapter_id="a1", last_seq=0))
+            peer.receive(Snapshot)
+            with httpx.Client(base_url=server.url, timeout=10) as http:
+                wait_for(lambda: _engine_moves(http, "a1") == 3)
+                assert _bad_frames(http) == len(bad)
+                metrics = http.get("/metrics").text
+        assert not [r for r in caplog.records if r.name.startswith("service.push")]
+        assert 'tenure_adapter_resident_bytes{adapter="a1",tier="cpu"}' not in metrics
+    finally:
+        peer.close()
+
+
+# --- 7: Redis settings: a password in the Sentinel list, a malformed URL --------------------
+
+
+def test_a_sentinel_url_with_a_password_is_refused_without_echoing_it():
+    """Issue 23, defect 7: ``redis://:<password>@host:port`` in TENURE_REDIS_SENTINELS was
+    taken as the host ``redis://:<password>@host`` (the sidecar stayed degraded) and the
+    topology's repr, built to hide credentials, showed the password."""
+    secret = "s3cret-sentinel-pw"
+    for value in (f"redis://:{secret}@127.0.0.1:26379", f"u:{secret}@10.0.0.1:26379"):
+        with pytest.raises(SettingsError) as info:
+            _settings(redis_sentinels=f"127.0.0.1:26380,{value}")
+        assert secret not in str(info.value)
+        assert "TENURE_REDIS_SENTINELS" in str(info.value)
+    ok = _settings(redis_sentinels="127.0.0.1:26379,[::1]:26380,sentinel-a.svc:26379")
+    assert redis_topology(ok).sentinels == (
+        ("127.0.0.1", 26379), ("::1", 26380), ("sentinel-a.svc", 26379),
+    )  # fmt: skip
+    topology = redis_topology(
+        ok.model_copy(update={"redis_url": SecretStr(f"redis://:{secret}@db:6379/0")})
+    )
+    assert secret not in repr(topology)
+
+
+MALFORMED_URLS = {
+    "bad-port": "redis://:pw-0123456789@127.0.0.1:notaport/0",
+    "wrong-scheme": "http://:pw-0123456789@127.0.0.1:6379/0",
+    "unclosed-ipv6": "redis://:pw-0123456789@[::1:6379/0",
+    "port-99999": "redis://:pw-0123456789@127.0.0.1:99999/0",
+    "no-host": "redis://:pw-0123456789@:6379/0",
+    "bad-db": "redis://:pw-0123456789@127.0.0.1:6379/zero",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_URLS))
+def test_a_malformed_redis_url_is_one_line_exit_2_without_the_secret(kind):
+    """Issue 23, defect 7: a malformed TENURE_REDIS_URL gave a ~50-line traceback and exit 3.
+    Expected: one line naming the setting, exit 2, no secret."""
+    done = _serve({"TENURE_REDIS_URL": MALFORMED_URLS[kind]})
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TENURE_REDIS_URL" in lines[0], done.stderr[-2000:]
+    assert "pw-0123456789" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_good_redis_urls_still_load():
+    for url in ("redis://127.0.0.1:6379/0", "redis://:pw@[::1]:6380", "rediss://h.example/3",
+                "unix:///run/redis.sock", "redis://localhost"):  # fmt: skip
+        assert _settings(redis_url=url).redis_url.get_secret_value() == url
