@@ -37,10 +37,15 @@ class SamplesAndConfig:
     async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
         raise NotImplementedError  # the store's breaker-guarded call
 
+    async def _call_patient(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
+        raise NotImplementedError  # the same, trying Redis even while the breaker is open
+
     async def gap_observations(self, tenant: str, count: int) -> list[GapObservation]:
         """Observed gaps, oldest first (the order the predictor must learn them in)."""
         key = self.keys.gap_observations(tenant)
-        raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
+        raw = await self._call_patient(
+            "gap_observations", lambda: self.client.lrange(key, 0, count - 1)
+        )
         out: list[GapObservation] = []
         for i, item in enumerate(reversed(raw)):
             observation = parse_observation(item)
@@ -60,13 +65,13 @@ class SamplesAndConfig:
                 pipe.lindex(key, 0)
                 return list(await pipe.execute())
 
-        length, head = await self._call("gap_observations", fetch)
+        length, head = await self._call_patient("gap_observations", fetch)
         return int(length), text(head) if head is not None else ""
 
     async def float_samples(self, which: str, count: int) -> list[float]:
         """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
         key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
-        raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
+        raw = await self._call_patient(which, lambda: self.client.lrange(key, 0, count - 1))
         out = []
         for i, item in enumerate(raw):
             try:
@@ -87,14 +92,14 @@ class SamplesAndConfig:
                 pipe.llen(key)
                 return list(await pipe.execute())
 
-        result = await self._call("waits", push)
+        result = await self._call_patient("waits", push)
         return int(result[-1])
 
     # --- runtime configuration --------------------------------------------------------------
 
     async def get_config(self) -> dict[str, Any] | None:
         key = self.keys.config
-        raw = await self._call("config", lambda: self.client.get(key))
+        raw = await self._call_patient("config", lambda: self.client.get(key))
         if raw is None:
             return None
         value = msgspec.json.decode(raw)
@@ -121,7 +126,7 @@ class SamplesAndConfig:
                     except aioredis.WatchError:
                         continue
 
-        return await self._call("config", transact)
+        return await self._call_patient("config", transact)
 
     # --- engines (several behind a router) -----------------------------------------------
 
@@ -136,6 +141,7 @@ class SamplesAndConfig:
                     pipe.hincrby(k.engine_moves, engine, moves)
                 await pipe.execute()
 
+        # The push server's receive loop waits on this: fail fast while Redis is away.
         await self._call("engines", write)
 
     async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
@@ -148,7 +154,7 @@ class SamplesAndConfig:
                 pipe.hgetall(k.engine_moves)
                 return list(await pipe.execute())
 
-        summaries, moves = await self._call("engines", read)
+        summaries, moves = await self._call_patient("engines", read)
         counts = {text(name): int(value) for name, value in moves.items()}
         out = []
         for name, raw in sorted(summaries.items()):

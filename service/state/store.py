@@ -93,6 +93,11 @@ class StateStore(SamplesAndConfig):
     async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
         return await self.breaker.call(op, make)
 
+    async def _call_patient(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
+        """A call nobody's proxied request waits on (samples, config, engines): it tries Redis
+        even while the breaker is open (see :meth:`Breaker.call`)."""
+        return await self.breaker.call(op, make, patient=True)
+
     # --- hot path ---------------------------------------------------------------------------
 
     async def turn_start(
