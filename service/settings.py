@@ -78,11 +78,12 @@ class Settings(BaseSettings):
     redis_multiplex: bool = True
     #: Forward a request of a session this replica has seen before Redis has counted its turn
     #: (the script runs meanwhile; the forwarded turn number is this replica's forecast of
-    #: Redis's count, see ``service.api.turns``); false = wait for Redis, then forward.
+    #: Redis's count, see ``service.api.turns.forecasts``); false = wait for Redis, then forward.
     early_forward: bool = True
     #: Segment tracking for lifetime-aware KV placement (the engine's ``tenure-fs`` tier):
     #: every tracked request of a named session carries its role, parent, the worker ranker's
-    #: prediction and its segments in ``kv_transfer_params.tenure`` (``service.api.segments``).
+    #: prediction and its segments in ``kv_transfer_params.tenure``
+    #: (``service.api.segments.split``).
     #: Costs one Redis read per turn (and a ``/tokenize`` call for turns with reasoning).
     segments: bool = False
     #: Declare a reasoning turn's generation a reasoning segment before it is generated, its
@@ -118,7 +119,7 @@ class Settings(BaseSettings):
     decision_stream_maxlen: int = Field(default=10_000, ge=100)
     wait_samples_maxlen: int = Field(default=4096, ge=16)
     gap_observations_maxlen: int = Field(default=2048, ge=16)
-    # --- the online host-retention controller (service.api.retention) ---------------------
+    # --- the online host-retention controller (service.api.retention.controller) -----------
     #: Re-choose each tenant's host branch (retain / ttl) this often, seconds.
     retention_period_s: float = Field(default=900.0, gt=0, le=86_400)
     #: Observed approval waits a tenant needs before its branch is first re-chosen.
@@ -144,7 +145,7 @@ class Settings(BaseSettings):
     tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)
     default_tenant: TenantSpec = TenantSpec(name="default")
 
-    # --- client connections (uvicorn; see service.api.server) -------------------------------
+    # --- client connections (uvicorn; see service.api.routes.server) ---------------------------
     #: An idle keep-alive connection is closed after this long without a new request.
     http_keepalive_timeout_s: float = Field(default=5.0, gt=0, le=3600)
     #: A request's head (request line and headers) must arrive within this long of its
@@ -192,7 +193,7 @@ class Settings(BaseSettings):
     #: Dynamo. Empty (the single-engine default): none.
     upstream_session_headers: str = ""
 
-    # --- recording (service.api.recorder; off by default) ----------------------------------
+    # --- recording (service.api.turns.recorder; off by default) ----------------------------------
     #: Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from
     #: start-up; ``PUT /admin/record`` switches it at run time.
     record_enabled: bool = False

@@ -279,7 +279,7 @@ def test_a_call_after_the_answer_sees_its_turn_recorded(sidecar_factory, monkeyp
     session after the last turn reads it finished."""
     import asyncio
 
-    from service.api.turn_book import TurnBook
+    from service.api.turns.book import TurnBook
 
     original = TurnBook._record_turn_end
 
