@@ -63,9 +63,8 @@ from service.api.proxy.bodies import (
 )
 from service.api.proxy.paths import PathRefused, check_passthrough_path
 from service.api.segments.facts import StreamFacts, response_facts
-from service.api.segments.lifecycle import SegmentRefused
 from service.api.segments.tracker import PendingTurn as SegmentTurn
-from service.api.segments.tracker import SegmentTracker
+from service.api.segments.tracker import SegmentRefused, SegmentTracker
 from service.api.shapes.base import RouteInputError, RouteShape
 from service.api.shapes.chat import ChatShape
 from service.api.shapes.completions import CompletionsShape

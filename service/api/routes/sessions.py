@@ -24,8 +24,8 @@ from service.api.routes.session_views import (
     WorkerSpawn,
     view,
 )
-from service.api.segments.lifecycle import SegmentRefused
 from service.api.segments.spawns import SpawnFacts
+from service.api.segments.tracker import SegmentRefused
 from service.api.turns import decisions
 from service.api.upstream.relay import forward_headers
 from service.policy import lifecycle

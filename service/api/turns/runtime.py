@@ -20,8 +20,7 @@ from service.policy import GapPredictor, stop_class
 from service.policy.retention import LambdaEstimator, host_ttl_seconds, lambda_crit
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
-from service.state.samples import YIELD_EVERY
-from service.state.store import StateStore
+from service.state.store import YIELD_EVERY, StateStore
 
 if TYPE_CHECKING:
     from service.api.retention.controller import RetentionControl
