@@ -103,11 +103,11 @@ def create_app(
             on_short_wait=lambda _acked: metrics.redis_wait_short.inc(),
         )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
+        retention = build_retention(settings, store, metrics, clock)
         runtime = Runtime(
             store, metrics, gap_log_len=settings.gap_observations_maxlen,
-            tenants=tenants.names, clock=clock,
+            tenants=tenants.names, retention=retention, clock=clock,
         )  # fmt: skip
-        runtime.retention = retention = build_retention(settings, store, metrics, clock)
         await runtime.refresh(sample_states=True)
         upstream = upstream_client(settings, upstream_transport)
         tail_client: RedisClient | None = None

@@ -113,10 +113,10 @@ def test_a_turn_the_upstream_refused_is_taken_back(client, route):
 
 #: How a stream the engine cut ends, per route: its own error event.
 _CUT_ENDS = {
-    "chat": (b"data: {\"error\":", b"data: [DONE]\n\n"),
-    "completions": (b"data: {\"error\":", b"data: [DONE]\n\n"),
-    "messages": (b"event: error\ndata: {\"type\":\"error\"", b"\n\n"),
-    "responses": (b"event: error\ndata: {\"type\":\"error\"", b"\n\n"),
+    "chat": (b'data: {"error":', b"data: [DONE]\n\n"),
+    "completions": (b'data: {"error":', b"data: [DONE]\n\n"),
+    "messages": (b'event: error\ndata: {"type":"error"', b"\n\n"),
+    "responses": (b'event: error\ndata: {"type":"error"', b"\n\n"),
 }
 
 

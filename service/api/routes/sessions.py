@@ -175,23 +175,14 @@ async def suspend_session(
     def decide(record: SessionRecord, now: float) -> lifecycle.LifecycleDecision:
         if record.state == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
-        if control is not None:
-            # The tenant's online controller: its branch, its lambda, its share of C2, its
-            # rent clock (the re-priced timer's limit).
-            branch, lam = control.suspend_inputs(tenant.name, runtime.config)
-            return lifecycle.on_suspend(
-                now, expected_wait_s=request.expected_wait_s,
-                retention=control.settings(runtime.config), estimated_lambda=lam, branch=branch,
-                declared_retention_s=record.retention_s, rent=control.rent(tenant.name),
-            )  # fmt: skip
+        # The tenant's online controller: its branch, its lambda, its share of C2, its rent
+        # clock (the re-priced timer's limit).
+        branch, lam = control.suspend_inputs(tenant.name, runtime.config)
         return lifecycle.on_suspend(
-            now,
-            expected_wait_s=request.expected_wait_s,
-            retention=runtime.config.retention(),
-            estimated_lambda=runtime.estimated_lambda(now),
-            calibration_waits_s=runtime.calibration_waits,
-            declared_retention_s=record.retention_s,
-        )
+            now, expected_wait_s=request.expected_wait_s,
+            retention=control.settings(runtime.config), estimated_lambda=lam, branch=branch,
+            declared_retention_s=record.retention_s, rent=control.rent(tenant.name),
+        )  # fmt: skip
 
     def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:
         update.fields[RecordField.SUSPENDED_AT] = repr(now)
@@ -200,11 +191,9 @@ async def suspend_session(
             update.fields[RecordField.EXPECTED_WAIT_S] = repr(request.expected_wait_s)
         else:
             update.deleted.append(RecordField.EXPECTED_WAIT_S)
-        update.push = ("suspensions", repr(now))
 
     result = await _transition(svc, tenant, session_id, decide, extra)
-    runtime.observe_suspension(svc.clock())
-    if control is not None and result.suspended_at is not None:
+    if result.suspended_at is not None:
         await control.observe_suspension(tenant.name, result.suspended_at)
     return result
 
@@ -231,9 +220,8 @@ async def resume_session(session_id: SessionId, svc: Svc, tenant: Tenant) -> Ses
         update.deleted.extend([RecordField.SUSPENDED_AT, RecordField.EXPECTED_WAIT_S])
 
     result = await _transition(svc, tenant, session_id, decide, extra)
-    control = svc.runtime.retention
-    if control is not None and waited:
-        await control.observe_resume(tenant.name, waited["at"], waited["wait"])
+    if waited:
+        await svc.runtime.retention.observe_resume(tenant.name, waited["at"], waited["wait"])
     return result
 
 

@@ -1,11 +1,13 @@
-"""What each replica caches from Redis: runtime config, the learned gap model, lambda.
+"""What each replica caches from Redis: the runtime config and the learned gap models.
 
-Redis holds the shared truth (the config document, the per-tenant gap-observation log, the
-suspension log, wait samples); every replica rebuilds its local copies from it on a short
-period, so several replicas on one Redis decide alike. The gap model is persisted as its
-observation log rather than as a serialised predictor: appends from many replicas are atomic
-and ordered, while a read-modify-write of a serialised model would lose concurrent updates.
-Between refreshes a replica also learns at once from the gaps it observes itself.
+Redis holds the shared truth (the config document, the per-tenant gap-observation log, wait
+samples); every replica rebuilds its local copies from it on a short period, so several
+replicas on one Redis decide alike. The gap model is persisted as its observation log rather
+than as a serialised predictor: appends from many replicas are atomic and ordered, while a
+read-modify-write of a serialised model would lose concurrent updates. Between refreshes a
+replica also learns at once from the gaps it observes itself. The host-retention regime (each
+tenant's lambda, branch and TTL) is the retention controller's
+(:mod:`service.api.retention.controller`), refreshed here with the rest.
 """
 
 from __future__ import annotations
@@ -13,17 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
+from service.api.retention.controller import RetentionControl
 from service.metrics import Metrics
 from service.policy import GapPredictor, stop_class
-from service.policy.retention import LambdaEstimator, host_ttl_seconds, lambda_crit
+from service.policy.retention import lambda_crit
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
 from service.state.store import YIELD_EVERY, StateStore
-
-if TYPE_CHECKING:
-    from service.api.retention.controller import RetentionControl
 
 __all__ = ["Runtime"]
 
@@ -31,7 +30,6 @@ log = logging.getLogger(__name__)
 
 #: Calibration waits the regime controller replays (newest first in Redis).
 CALIBRATION_SAMPLES = 1024
-LAMBDA_EVENTS = 4096
 #: Live sessions sampled per tenant for the sessions-by-state gauge.
 STATE_SAMPLE = 2000
 
@@ -44,6 +42,7 @@ class Runtime:
         *,
         gap_log_len: int,
         tenants: Iterable[str],
+        retention: RetentionControl,
         clock: Callable[[], float],
     ) -> None:
         self.store = store
@@ -51,13 +50,12 @@ class Runtime:
         self.clock = clock
         self.gap_log_len = gap_log_len
         self.config = RuntimeConfig()
-        self.lambda_estimator = LambdaEstimator()
         self.calibration_waits: list[float] = []
         self._predictors: dict[str, GapPredictor] = {}
         self._gap_heads: dict[str, tuple[int, str]] = {}
         self._tenants: set[str] = set(tenants)
-        #: The online host-retention controller (set by the app; refreshed with the rest).
-        self.retention: RetentionControl | None = None
+        #: The online host-retention controller (refreshed with the rest).
+        self.retention = retention
 
     # --- decisions' inputs ---------------------------------------------------------------------
 
@@ -78,12 +76,6 @@ class Runtime:
         if expected_s is not None:
             self.metrics.gap_prediction_error.labels(cls).observe(abs(gap_s - expected_s))
 
-    def estimated_lambda(self, now: float) -> float:
-        return self.lambda_estimator.rate(now)
-
-    def observe_suspension(self, now: float) -> None:
-        self.lambda_estimator.observe(now)
-
     # --- refresh from Redis ------------------------------------------------------------------
 
     async def refresh(self, *, sample_states: bool = False) -> None:
@@ -92,14 +84,14 @@ class Runtime:
             await self._refresh_config()
             for tenant in list(self._tenants):
                 await self._refresh_gaps(tenant)
-            await self._refresh_load()
+            self.calibration_waits = await self.store.float_samples("waits", CALIBRATION_SAMPLES)
             if sample_states:
                 await self._sample_states()
         except StateUnavailable:
             pass
-        if self.retention is not None:
-            await self.retention.refresh(self.config, self.calibration_waits)
-        self._export_retention()
+        await self.retention.refresh(self.config, self.calibration_waits)
+        config = self.config
+        self.metrics.lambda_crit.set(lambda_crit(config.host_slots, config.w_ref_s))
 
     async def _refresh_config(self) -> None:
         doc = await self.store.get_config()
@@ -123,16 +115,6 @@ class Runtime:
         self._predictors[tenant] = predictor
         self._gap_heads[tenant] = head
 
-    async def _refresh_load(self) -> None:
-        times = await self.store.float_samples("suspensions", LAMBDA_EVENTS)
-        estimator = LambdaEstimator()
-        for i, at in enumerate(sorted(times)):
-            estimator.observe(at)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
-        self.lambda_estimator = estimator
-        self.calibration_waits = await self.store.float_samples("waits", CALIBRATION_SAMPLES)
-
     async def _sample_states(self) -> None:
         counts: dict[str, int] = {}
         for tenant in list(self._tenants):
@@ -140,16 +122,3 @@ class Runtime:
                 state = record.state if record.state is not None else ""
                 counts[state] = counts.get(state, 0) + 1
         self.metrics.set_sessions(counts)
-
-    def _export_retention(self) -> None:
-        now = self.clock()
-        config = self.config
-        lam = (
-            config.lambda_fixed_per_s
-            if config.lambda_mode == "fixed" and config.lambda_fixed_per_s is not None
-            else self.estimated_lambda(now)
-        )
-        self.metrics.lambda_estimate.set(lam)
-        self.metrics.lambda_crit.set(lambda_crit(config.host_slots, config.w_ref_s))
-        ttl = host_ttl_seconds(lam, config.price.vector(), config.host_slots, config.w_ref_s)
-        self.metrics.host_ttl.set(-1.0 if ttl is None else ttl)
