@@ -44,6 +44,13 @@ def _body(route: str, model: str = "echo", *, stream: bool = False) -> dict[str,
     return {"model": model, "input": "hi", "stream": stream}
 
 
+def _state(http: httpx.Client, session: str) -> str | None:
+    """The session's state, or None while its record cannot be read (a loaded Redis may
+    answer 503 for a moment)."""
+    reply = http.get(f"/v1/sessions/{session}")
+    return reply.json()["state"] if reply.status_code == 200 else None
+
+
 def _metric(http: httpx.Client, line: str) -> float:
     for row in http.get("/metrics").text.splitlines():
         if row.startswith(line + " "):
@@ -103,7 +110,7 @@ def test_a_turn_the_upstream_refused_is_taken_back(client, route):
     session = f"fail-{route}"
     headers = {"X-Tenure-Session": session}
     assert client.post(PATHS[route], json=_body(route), headers=headers).status_code == 200
-    wait_for(lambda: client.get(f"/v1/sessions/{session}").json()["state"] == "idle")
+    wait_for(lambda: _state(client, session) == "idle")
     refused = client.post(PATHS[route], json=_body(route, "missing"), headers=headers)
     assert refused.status_code == 404
     wait_for(lambda: _metric(client, 'tenure_failed_turns_total{taken_back="yes"}') == 1.0)
@@ -130,7 +137,7 @@ def test_a_cut_stream_ends_in_the_routes_own_format(client, route):
     event, tail = _CUT_ENDS[route]
     assert event in raw and raw.endswith(tail), raw
     # The turn counts (the engine took it) but does not finish the session.
-    wait_for(lambda: client.get(f"/v1/sessions/cut-{route}").json()["state"] == "idle")
+    wait_for(lambda: _state(client, f"cut-{route}") == "idle")
 
 
 @pytest.mark.parametrize("route", ROUTES)
