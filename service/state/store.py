@@ -161,9 +161,10 @@ class StateStore:
         )
 
     async def rollback_turn(
-        self, tenant: str, session: str, turn: int, *, now: float
+        self, tenant: str, session: str, turn: int, *, now: float, forget_new: bool = False
     ) -> tuple[RollbackStatus, int]:
         """Take back turn ``turn`` (the upstream refused it); ``(status, seq)`` as ROLLBACK.
+        ``forget_new``: a session born with this turn is deleted, not kept as idle.
 
         Only the session's current, still active turn is taken back: if another turn started
         meanwhile, nothing changes (status 0) and the failed turn stays counted.
@@ -185,6 +186,7 @@ class StateStore:
             session,
             scoped_session_id(tenant, session),
             str(self.limits.decision_stream_maxlen),
+            "1" if forget_new else "0",
         ]
         raw = await self._call("rollback", lambda: self._scripts.call(self._rollback, keys, args))
         return RollbackStatus(int(raw[0])), int(raw[1])
@@ -406,8 +408,13 @@ class StateStore:
         return int(length), text(head) if head is not None else ""
 
     async def float_samples(self, which: str, count: int) -> list[float]:
-        """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
-        key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
+        """Recent observed suspension waits (``"waits"``, every tenant's), the SRE's
+        calibration sample (``"calibration_waits"``) or suspension times (``"suspensions"``)."""
+        key = {
+            "waits": self.keys.waits,
+            "calibration_waits": self.keys.calibration_waits,
+            "suspensions": self.keys.suspensions,
+        }[which]
         raw = await self._call_patient(which, lambda: self.client.lrange(key, 0, count - 1))
         out = []
         for i, item in enumerate(raw):
@@ -420,7 +427,9 @@ class StateStore:
         return out
 
     async def add_wait_samples(self, waits: Sequence[float]) -> int:
-        key, limit = self.keys.waits, self.limits.wait_samples_maxlen
+        # Its own list: the observed waits list holds every tenant's resumes, and scoring a
+        # tenant on it let one tenant's waits decide another's branch.
+        key, limit = self.keys.calibration_waits, self.limits.wait_samples_maxlen
 
         async def push() -> list[Any]:
             async with self.client.pipeline(transaction=True) as pipe:

@@ -285,3 +285,189 @@ def test_the_launchers_client_honours_retry_after_on_503():
             http_json("POST", url, {"waits_s": [1.0]}, timeout=0.5)  # 503 for ever
     finally:
         server.shutdown()
+
+
+# --- the newer routes (phase 2 of the probe, over the one request pipeline) -----------------
+
+KEY_A, KEY_B = "sk-tenant-alpha-0123", "sk-tenant-beta-01234"
+A = {"Authorization": f"Bearer {KEY_A}"}
+B = {"Authorization": f"Bearer {KEY_B}"}
+
+
+def _two_tenants(sidecar_factory, **overrides: object):
+    from service.settings import TenantSpec
+
+    tenants = {KEY_A: TenantSpec(name="alpha"), KEY_B: TenantSpec(name="beta")}
+    return sidecar_factory(tenants=tenants, **overrides)
+
+
+def _stored_response(http: httpx.Client, headers: dict[str, str]) -> str:
+    reply = http.post("/v1/responses", json={"model": "echo", "input": "x"}, headers=headers)
+    assert reply.status_code == 200, reply.text
+    return str(reply.json()["id"])
+
+
+def test_a_client_request_id_on_responses_never_reaches_the_engine(sidecar_factory, upstream):
+    """Issue 23, defect 2: vLLM takes a body ``request_id`` as the response's id and the key of
+    its shared response store, so a tenant naming another's response id overwrote it (and the
+    sidecar then listed the id as the attacker's too). It is refused in OpenAI's shape."""
+    fake, _ = upstream
+    server = _two_tenants(sidecar_factory)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        victim = _stored_response(http, A)
+        sent = len(fake.received)
+        for value in (victim, "mine-123"):
+            reply = http.post(
+                "/v1/responses", json={"model": "echo", "input": "x", "request_id": value},
+                headers=B,
+            )  # fmt: skip
+            assert reply.status_code == 400, reply.text
+            assert reply.json()["error"]["param"] == "request_id"
+        assert len(fake.received) == sent
+        assert all("request_id" not in (r.body or {}) for r in fake.received if r.body)
+        # The victim still owns its response; the attacker does not.
+        assert http.get(f"/v1/responses/{victim}", headers=B).status_code == 404
+        assert http.get(f"/v1/responses/{victim}", headers=A).status_code != 404
+
+
+def test_stored_response_paths_in_any_other_form_get_404(sidecar_factory, upstream):
+    """Issue 23, defect 3: the ownership check matched one exact path shape; trailing or
+    doubled slashes and ids over 256 characters went to the engine unchecked (a front proxy
+    merging slashes would serve another tenant's response). Every form but the canonical one
+    is 404, for the owner too, and nothing is forwarded."""
+    fake, _ = upstream
+    server = _two_tenants(sidecar_factory)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        victim = _stored_response(http, A)
+        forms = [
+            f"/v1/responses/{victim}/", f"/v1//responses/{victim}", f"/v1/responses//{victim}",
+            f"/v1/responses/{victim}/cancel/", f"/v1/responses/{victim}/input_items/",
+            f"/v1/responses/{victim}/other", f"/v1/responses/{'r' * 300}",
+            f"/v1/responses/{'r' * 300}/cancel", "/v1/responses/",
+        ]  # fmt: skip
+        sent = len(fake.received)
+        for path in forms:
+            for headers in (A, B):
+                for method in ("GET", "POST", "DELETE"):
+                    reply = http.request(method, path, headers=headers)
+                    assert reply.status_code == 404, (method, path, reply.status_code)
+                    assert reply.json()["error"]["code"] == "not_found"
+        assert len(fake.received) == sent
+        # The canonical forms still reach the engine for the owner.
+        assert http.get(f"/v1/responses/{victim}", headers=A).status_code == 200
+        assert len(fake.received) == sent + 1
+
+
+def _segments_chat_like(http: httpx.Client, route: str, session: str, **headers: str):
+    body: dict[str, object]
+    if route == "/v1/messages":
+        body = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    else:
+        body = {"model": "echo", "input": "x"}
+    return http.post(route, json=body, headers={"X-Tenure-Session": session, **headers})
+
+
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/responses"])
+def test_segment_checks_hold_on_messages_and_responses(sidecar_factory, upstream, route):
+    """Issue 23, defect 4: with segments on, ``/v1/messages`` and ``/v1/responses`` accepted a
+    returned worker's next turn (chat: 409 ``worker_returned``), an unknown parent (chat: 404)
+    and a session naming itself as parent (chat: 400)."""
+    fake, _ = upstream
+    server = sidecar_factory(segments=True)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        assert _segments_chat_like(http, route, "lead").status_code == 200
+        spawned = http.post("/v1/sessions/lead/workers", json={"worker_id": "w1"})
+        assert spawned.status_code == 201, spawned.text
+        assert _segments_chat_like(http, route, "w1").status_code == 200
+        wait_for(lambda: http.get("/v1/sessions/w1").json().get("turn") == 1)
+        assert http.post("/v1/sessions/w1/return").status_code == 200
+        sent = len(fake.received)
+        late = _segments_chat_like(http, route, "w1")
+        assert late.status_code == 409, late.text
+        assert http.get("/v1/sessions/w1").json()["state"] == "finished"
+        orphan = _segments_chat_like(http, route, "w3", **{"X-Tenure-Parent": "nobody"})
+        assert orphan.status_code == 404, orphan.text
+        assert http.get("/v1/sessions/w3").status_code == 404
+        itself = _segments_chat_like(http, route, "w4", **{"X-Tenure-Parent": "w4"})
+        assert itself.status_code == 400, itself.text
+        assert len(fake.received) == sent
+
+
+def _is_anthropic_error(reply: httpx.Response) -> bool:
+    body = reply.json()
+    return (
+        body.get("type") == "error"
+        and isinstance(body.get("error"), dict)
+        and isinstance(body["error"].get("type"), str)
+        and isinstance(body["error"].get("message"), str)
+    )
+
+
+def test_errors_on_the_messages_family_are_in_anthropics_shape(sidecar_factory):
+    """Issue 23, defect 8: the sidecar's own 405 on ``/v1/messages`` and its 401 / 400 on
+    ``/v1/messages/count_tokens`` were in OpenAI's shape; the README promises Anthropic's."""
+    server = _two_tenants(sidecar_factory)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        for method in ("GET", "PUT", "DELETE", "PATCH"):
+            reply = http.request(method, "/v1/messages", headers=A)
+            assert reply.status_code == 405 and _is_anthropic_error(reply), (method, reply.text)
+        body = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+        unknown = http.post("/v1/messages/count_tokens", json=body)
+        assert unknown.status_code == 401 and _is_anthropic_error(unknown), unknown.text
+        bad = http.post(
+            "/v1/messages/count_tokens", content=b"{not json", headers={**A,
+            "Content-Type": "application/json"},
+        )  # fmt: skip
+        assert bad.status_code == 400 and _is_anthropic_error(bad), bad.text
+
+
+def test_refused_first_turns_on_responses_leave_no_records(sidecar_factory, redis_url: str):
+    """Issue 23, defect 9: a first turn with no session key that the engine refused left a
+    session record (7-day TTL) and an index entry: a tenant grew Redis at request rate."""
+    import redis as redis_lib
+
+    server = _two_tenants(sidecar_factory)
+    client = redis_lib.Redis.from_url(redis_url)
+    counts = []
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        for batch in (5, 20):
+            for _ in range(batch):
+                # A non-string model: the fake engine refuses it with a 400, as vLLM does.
+                reply = http.post("/v1/responses", json={"model": 7, "input": "x"}, headers=B)
+                assert reply.status_code == 400
+            wait_for(lambda: http.get("/v1/sessions", headers=B).json()["sessions"] == [])
+            counts.append(client.dbsize())
+    assert counts[0] == counts[1], counts  # no growth with the request count
+    assert not client.keys("*beta*r-*")
+
+
+def test_one_tenants_waits_never_decide_anothers_branch(sidecar_factory):
+    """Issue 23, defect 1: every tenant's observed resume waits went into one global list, and
+    a tenant short of its own minimum was scored on it as if an SRE had posted it. Beta's
+    suspensions must not move alpha's branch, nor be named as ``POST /admin/waits``."""
+    server = _two_tenants(sidecar_factory, retention_min_samples=20)
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "x"}]}
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        config = {"host_slots": 1, "w_ref_s": 1000, "lambda_mode": "fixed",
+                  "lambda_fixed_per_s": 1.0}  # fmt: skip
+        assert http.patch("/admin/config", json=config, headers=ADMIN).status_code == 200
+        decide = "/admin/retention/decide?tenant=alpha"
+        first = http.post(decide, headers=ADMIN).json()
+        alpha_before = next(t for t in first["tenants"] if t["tenant"] == "alpha")
+        for i in range(30):
+            session = f"b{i}"
+            started = http.post(
+                "/v1/chat/completions", json=chat, headers={**B, "X-Tenure-Session": session}
+            )
+            assert started.status_code == 200
+            wait_for(lambda s=session: http.get(f"/v1/sessions/{s}", headers=B).json()["state"]
+                     == "idle")  # fmt: skip
+            assert http.post(f"/v1/sessions/{session}/suspend", json={"reason": "approval"},
+                             headers=B).status_code == 200  # fmt: skip
+        time.sleep(1.3)  # the waits beta's resumes observe
+        for i in range(30):
+            assert http.post(f"/v1/sessions/b{i}/resume", json={}, headers=B).status_code == 200
+        after = http.post(decide, headers=ADMIN).json()
+        alpha_after = next(t for t in after["tenants"] if t["tenant"] == "alpha")
+        assert alpha_after["branch"] == alpha_before["branch"], alpha_after
+        assert "/admin/waits" not in str(alpha_after.get("reason", ""))

@@ -69,7 +69,11 @@ from service.api.shapes.base import RouteInputError, RouteShape
 from service.api.shapes.chat import ChatShape
 from service.api.shapes.completions import CompletionsShape
 from service.api.shapes.messages import MessagesShape
-from service.api.shapes.responses import ResponsesShape, stored_response_id
+from service.api.shapes.responses import (
+    ResponsesShape,
+    names_stored_responses,
+    stored_response_id,
+)
 from service.api.tenants import TenantResolver
 from service.api.turns.book import CUT, FAILED, OK, Turn, TurnBook
 from service.api.turns.recorder import Recorder
@@ -111,6 +115,17 @@ TRACKED: tuple[RouteShape, ...] = (
 #: The passthrough routes are the engine's own OpenAI ones: their errors and the end of a cut
 #: stream are in the OpenAI format, as chat's are.
 _PASSTHROUGH_FORMAT: RouteShape = ChatShape()
+_MESSAGES_FORMAT: RouteShape = MessagesShape()
+
+
+def _error_format(path: str) -> RouteShape:
+    """The API whose errors a passthrough path answers in: Anthropic's under ``/v1/messages``
+    (``count_tokens`` and the rest of that family), OpenAI's elsewhere."""
+    if path == _MESSAGES_FORMAT.path or path.startswith(_MESSAGES_FORMAT.path + "/"):
+        return _MESSAGES_FORMAT
+    return _PASSTHROUGH_FORMAT
+
+
 _PASSTHROUGH = "passthrough"
 
 
@@ -215,7 +230,8 @@ class Proxy:
                 chained = await self._chained(tenant, prepared.chain)
                 native = dataclasses.replace(native, session=native.session or chained)
             hints = self._with_dialects(hints, headers, payload, native)
-            if hints.session is None and prepared.new_session is not None:
+            sidecar_named = hints.session is None and prepared.new_session is not None
+            if sidecar_named:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
             digests: list[str] = []
@@ -225,6 +241,7 @@ class Proxy:
             turn = await self.turns.start(tenant, hints, digests)
             if turn is not None:
                 turn.info = prepared.info
+                turn.sidecar_named = sidecar_named
                 if self.recorder is not None:
                     turn.record = self.recorder.begin(payload, hints, route, tenant.name)
             seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
@@ -361,11 +378,10 @@ class Proxy:
 
     async def passthrough(self, request: Request) -> Response:
         started = time.perf_counter()
+        api = _error_format(request.url.path)
         tenant = self.tenants.resolve(bearer(wanted_headers(request.scope["headers"])))
         if tenant is None:
-            response = _PASSTHROUGH_FORMAT.error(
-                401, "unknown or missing API key", code="invalid_api_key"
-            )
+            response = api.error(401, "unknown or missing API key", code="invalid_api_key")
             return self._done(_PASSTHROUGH, response, started)
         try:
             check_passthrough_path(request.scope)
@@ -378,7 +394,7 @@ class Proxy:
             body = await self._read_body(request, request.headers.get("content-length"))
         except TooLarge:
             self.metrics.hint_rejections.labels("body").inc()
-            response = _PASSTHROUGH_FORMAT.error(
+            response = api.error(
                 413,
                 f"request body is larger than {self.settings.max_body_bytes} bytes",
                 param="body",
@@ -392,19 +408,19 @@ class Proxy:
                 body = strip_client_tenure(body, request.headers.get("content-type"))
             except BadBody as exc:
                 self.metrics.hint_rejections.labels("body").inc()
-                response = _PASSTHROUGH_FORMAT.error(
-                    400, bad_body_message(exc), param="body", code="invalid_body"
-                )
+                response = api.error(400, bad_body_message(exc), param="body", code="invalid_body")
                 return self._done(_PASSTHROUGH, response, started)
-        return await self._forward(
-            request, _PASSTHROUGH, request.method, body, None, started, _PASSTHROUGH_FORMAT
-        )
+        return await self._forward(request, _PASSTHROUGH, request.method, body, None, started, api)
 
     async def _stored_response_refused(
         self, request: Request, tenant: str, started: float
     ) -> Response | None:
         """A passthrough to a stored response of another tenant: its refusal (None: go on)."""
-        answer_id = stored_response_id(request.url.path)
+        path = request.url.path
+        answer_id = stored_response_id(path)
+        if answer_id is None and path != ResponsesShape.path and names_stored_responses(path):
+            response = openai_error(404, "no such stored-response path", code="not_found")
+            return self._done(_PASSTHROUGH, response, started)
         if answer_id is not None:
             # vLLM serves stored responses to any caller: only the tenant whose request
             # produced one may read or cancel it.

@@ -268,7 +268,7 @@ def digests_of(payload: Mapping[str, Any]) -> list[str]:
 class MessagesShape:
     name = "messages"
     path = "/v1/messages"
-    tracks_segments = False
+    tracks_segments = True
     chat_messages = True
 
     def error(
