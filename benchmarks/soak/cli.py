@@ -241,9 +241,12 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
             f"soak: {args.minutes:g} min, {args.sessions_per_s:g} sessions/s, engine={args.engine}"
         )
         asyncio.run(main())
+        read_at = time.monotonic() - t0
         records = _read_back(urls[0], list(ledger.acks))
         kills = [f["at_s"] for f in faults if f["kind"] == "redis_master_killed"]
-        checks = ledger.check(records, kills, WINDOW_S)
+        checks = ledger.check(
+            records, kills, WINDOW_S, read_at=read_at, finished_ttl_s=_finished_ttl_s()
+        )
         engines = http_json("GET", f"{urls[0]}/admin/engines", timeout=10)["engines"]
         moves = sum(int(e["sessions_moved_in"]) for e in engines)
         if adapters is not None:
@@ -252,6 +255,15 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
         args=vars(args), ledger=ledger, checks=checks, faults=faults, samples=samples,
         duration_s=duration, slack_s=FAULT_SLACK_S, engines=engines, moves=moves,
     )  # fmt: skip
+
+
+def _finished_ttl_s() -> float:
+    """The sidecars' ``finished_ttl_s`` (they inherit this process's environment)."""
+    from service.settings import Settings
+
+    return float(
+        os.environ.get("TENURE_FINISHED_TTL_S", Settings.model_fields["finished_ttl_s"].default)
+    )
 
 
 def _model_cache() -> Path:

@@ -107,3 +107,17 @@ def test_a_saved_run_is_re_rendered_with_the_current_rules(tmp_path: Path):
     assert saved["plateau"]["window_s"] == [300.0, 600.0]
     assert saved["plateau"]["not_flattened"] == ["Redis used_memory"]
     assert (tmp_path / "run.png").stat().st_size > 0
+
+
+def test_a_finished_session_past_its_ttl_has_expired_not_lost():
+    """Issue 23: a run longer than ``finished_ttl_s`` read back sessions that ended long before
+    and had expired by design; the ledger counted each as an acknowledged write lost."""
+    ledger = Ledger()
+    ledger.ack("old-end", 10.0, "finished", 5)
+    ledger.ack("new-end", 3500.0, "finished", 5)
+    ledger.ack("suspended", 10.0, "suspended", 2)
+    records: dict[str, dict[str, object] | None] = {"old-end": None, "new-end": None,
+                                                    "suspended": None}  # fmt: skip
+    checks = ledger.check(records, [], 1.0, read_at=3600.0, finished_ttl_s=600.0)
+    assert checks["acknowledged_writes_expired"] == 1
+    assert checks["acknowledged_writes_lost"] == 2  # a recent end and a suspension: lost
