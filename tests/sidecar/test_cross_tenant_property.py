@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 
 from service.settings import TenantSpec
 from tests.conftest import wait_for
-from tests.sidecar.fake_upstream import FakeUpstream
 
 TENANTS = {"alpha": "key-alpha", "beta": "key-beta"}
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -82,7 +81,8 @@ def _set_up(http: httpx.Client, tenant: str) -> Owned:
     owned.sessions.append(session)
     owned.responses.append(reply.json()["id"])
     for session in owned.sessions:
-        wait_for(lambda s=session: http.get(f"/v1/sessions/{s}", headers=h).status_code == 200)
+        path = f"/v1/sessions/{session}"
+        wait_for(lambda: http.get(path, headers=h).status_code == 200)  # noqa: B023
     suspended = owned.sessions[0]
     wait_for(lambda: http.get(f"/v1/sessions/{suspended}", headers=h).json()["state"] == "idle")
     assert (
@@ -155,19 +155,16 @@ def _move(draw: st.DrawFn, owned: dict[str, Owned]) -> tuple[str, str, str, dict
              "listing"]
         )
     )  # fmt: skip
-    dialect = draw(
-        st.sampled_from(
-            [
-                ({"X-Tenure-Session": named}, {}),
-                ({"X-Session-Token": named}, {}),
-                ({"X-Dynamo-Session-ID": named}, {}),
-                ({}, {"prompt_cache_key": named}),
-                ({}, {"agent_hint": {"session_id": named}}),
-                ({"X-Tenure-Session": f"{actor}-own", "X-Tenure-Parent": named}, {}),
-                ({}, {"kv_transfer_params": {"tenure": {"session_id": f"{other}/{session}"}}}),
-            ]
-        )
-    )
+    dialects: list[tuple[dict[str, str], dict[str, Any]]] = [
+        ({"X-Tenure-Session": named}, {}),
+        ({"X-Session-Token": named}, {}),
+        ({"X-Dynamo-Session-ID": named}, {}),
+        ({}, {"prompt_cache_key": named}),
+        ({}, {"agent_hint": {"session_id": named}}),
+        ({"X-Tenure-Session": f"{actor}-own", "X-Tenure-Parent": named}, {}),
+        ({}, {"kv_transfer_params": {"tenure": {"session_id": f"{other}/{session}"}}}),
+    ]
+    dialect = draw(st.sampled_from(dialects))
     hint_headers, hint_body = dialect
     if kind == "chat":
         return actor, "POST", "/v1/chat/completions", {
@@ -183,12 +180,11 @@ def _move(draw: st.DrawFn, owned: dict[str, Owned]) -> tuple[str, str, str, dict
         return actor, "POST", "/v1/messages/count_tokens", {
             "headers": {**headers, **hint_headers}, "json": _messages_body()}  # fmt: skip
     if kind == "responses":
-        extra = draw(
-            st.sampled_from(
-                [{"previous_response_id": response}, {"request_id": response},
-                 {"previous_response_id": response, "store": True}, {}]
-            )
-        )  # fmt: skip
+        extras: list[dict[str, Any]] = [
+            {"previous_response_id": response}, {"request_id": response},
+            {"previous_response_id": response, "store": True}, {},
+        ]  # fmt: skip
+        extra = draw(st.sampled_from(extras))
         return (
             actor,
             "POST",
@@ -211,10 +207,10 @@ def _move(draw: st.DrawFn, owned: dict[str, Owned]) -> tuple[str, str, str, dict
         verb = draw(st.sampled_from(["suspend", "resume", "end", "return", "workers", ""]))
         if verb == "":
             return actor, "GET", f"/v1/sessions/{named}", {"headers": headers}
-        body = {"expected_wait_s": 5} if verb == "suspend" else {}
+        request: dict[str, Any] = {"expected_wait_s": 5} if verb == "suspend" else {}
         if verb == "workers":
-            body = {"workers": [{"session_id": f"{actor}-w"}]}
-        return actor, "POST", f"/v1/sessions/{named}/{verb}", {"headers": headers, "json": body}
+            request = {"workers": [{"session_id": f"{actor}-w"}]}
+        return actor, "POST", f"/v1/sessions/{named}/{verb}", {"headers": headers, "json": request}
     return actor, "GET", "/v1/sessions", {"headers": headers}
 
 
@@ -229,7 +225,6 @@ def two_tenants(sidecar_factory, upstream):
 
 def test_no_request_of_one_tenant_moves_the_others_state(two_tenants) -> None:
     server, fake = two_tenants
-    fake: FakeUpstream
     failures: list[str] = []
     with httpx.Client(base_url=server.url, timeout=15) as http:
         owned = {tenant: _set_up(http, tenant) for tenant in TENANTS}

@@ -460,8 +460,8 @@ def test_one_tenants_waits_never_decide_anothers_branch(sidecar_factory):
                 "/v1/chat/completions", json=chat, headers={**B, "X-Tenure-Session": session}
             )
             assert started.status_code == 200
-            wait_for(lambda s=session: http.get(f"/v1/sessions/{s}", headers=B).json()["state"]
-                     == "idle")  # fmt: skip
+            path = f"/v1/sessions/{session}"
+            wait_for(lambda: http.get(path, headers=B).json()["state"] == "idle")  # noqa: B023
             assert http.post(f"/v1/sessions/{session}/suspend", json={"reason": "approval"},
                              headers=B).status_code == 200  # fmt: skip
         time.sleep(1.3)  # the waits beta's resumes observe
