@@ -44,6 +44,9 @@ class Batching(SimState):
                 return  # FCFS: the head waits until it fits
             self.waiting.popleft()
             req.gpu_hit = g
+            req.lookup_s = now
+            if self.accesses is not None:
+                self.accesses.append(req)
             ssd_hit = 0
             if g >= req.n_blocks:
                 h = 0

@@ -62,6 +62,7 @@ from typing import cast
 
 from service.policy import GapPredictor, HostTier, create_policy, policy_class
 from service.replay.batching import Batching
+from service.replay.bound import Access, block_work, prefill_bound, saved_work
 from service.replay.config import ReplayConfig
 from service.replay.gpu_pool import GpuPrefixCache
 from service.replay.hardware import GIB
@@ -120,6 +121,7 @@ class _Sim(Workload, Batching):
         self.timer_at: float | None = None
         self.span = None
         self.span_gen = 0
+        self.accesses = [] if config.bound and config.tiering is None else None
         self.build_graph()
 
     def finish(self) -> RunResult:
@@ -137,7 +139,20 @@ class _Sim(Workload, Batching):
             res.first_arrival_s = 0.0
         if self.lower is not None:
             res.tiering = self.lower.report()
+        if self.accesses is not None:
+            self._bound(res, self.accesses)
         return res
+
+    def _bound(self, res: RunResult, admitted: list[Request]) -> None:
+        log = [Access(r.runs, r.lookup_s, r.done_s, r.gpu_hit, r.host_hit) for r in admitted]
+        work = block_work(self.hw, self.bt)
+        res.saved_work = saved_work(log, work)
+        # An unbounded tier (``infinite``) is bounded by holding everything.
+        capacity = None if self.tier.policy.unbounded else res.host_capacity_blocks
+        bound = prefill_bound(log, capacity, work)
+        res.bound_work = bound.work
+        res.bound_seconds = bound.seconds
+        res.bound_intervals = bound.intervals
 
     def run(self) -> RunResult:
         self.schedule_roots()

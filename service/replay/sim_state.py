@@ -96,6 +96,8 @@ class SimState:
     ws_samples: list[tuple[float, int, int]]
     done_turns: int
     skipped: set[int]
+    #: Admitted requests in admission order, kept for the bound (``None``: not recorded).
+    accesses: list[Request] | None
 
     def push(self, time: float, kind: int, payload: object) -> None:
         self.seq += 1

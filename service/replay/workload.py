@@ -111,6 +111,7 @@ class Workload(SimState):
         turn = sess.turns[req.turn]
         sid = sess.id
         self.running.remove(req)
+        req.done_s = now
         used = slice_runs(req.runs, req.access_start, req.n_blocks)
         self.tier.access(used, now, session=sid, inserted=req.inserted)
         self.gpu.release(req.runs, req.extra_blocks)
