@@ -56,7 +56,7 @@ import numpy as np
 from service.policy.types import Run
 from service.replay.hardware import HardwareProfile
 
-__all__ = ["Access", "Bound", "BlockWork", "block_work", "prefill_bound", "saved_work"]
+__all__ = ["Access", "BlockWork", "Bound", "block_work", "prefill_bound", "saved_work"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,4 +296,3 @@ def prefill_bound(
 def saved_work(log: Sequence[Access], work: BlockWork) -> float:
     """The work a run's host hits saved: ``w([g, g + h))`` summed over its requests."""
     return sum(work.range(a.gpu_hit, a.gpu_hit + a.host_hit) for a in log)
-
