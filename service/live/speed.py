@@ -24,12 +24,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from service.calibrate.block_costs import BlockCosts
 from service.live.arm import sum_metric
 from service.replay.hardware import HardwareProfile
 from service.replay.model import Trace
 from service.replay.results import RunResult
 
-__all__ = ["REGIME_FACTOR", "engine_speed", "out_of_regime", "simulated_decode_step"]
+__all__ = [
+    "REGIME_FACTOR",
+    "engine_speed",
+    "out_of_regime",
+    "profile_block_costs",
+    "simulated_decode_step",
+]
 
 #: How far (either way) a live speed may be from the profile's before the simulated columns
 #: are flagged as out of their calibrated regime.
@@ -105,3 +112,23 @@ def out_of_regime(speed: Mapping[str, Any]) -> list[str]:
             f"({live / model:.1f}x)"
         )
     return said
+
+
+def profile_block_costs(
+    profile: HardwareProfile, block_tokens: int, context_blocks: int
+) -> BlockCosts:
+    """:class:`~service.calibrate.block_costs.BlockCosts` from a simulator profile's physics,
+    defined as the measurement is: one step prefilling a whole ``context_blocks`` context minus
+    one step serving it from the cache (one new token attending to it), and the context's KV
+    bytes over the host -> device link, per block."""
+    n = block_tokens * context_blocks
+    fresh = profile.step_seconds(n, n * (n + 1) / 2, n)
+    cached = profile.step_seconds(1, n, n)
+    load = n * profile.kv_bytes_per_token / profile.load_bandwidth()
+    return BlockCosts(
+        block_tokens,
+        context_blocks,
+        (fresh - cached) / context_blocks,
+        load / context_blocks,
+        notes=[f"the {profile.name} profile's roofline (not measured)"],
+    )
