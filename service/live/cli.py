@@ -230,11 +230,14 @@ def _block_costs(results: dict[str, Any], etrace: Any, profile: Any, layout: str
     if calibrated is not None:
         out["calibrated"] = calibrated
         said.append(
-            f"recompute/load of a {bt}-token block, calibrated (`tenure calibrate-profile "
-            f"--layout {layout}`, time to first token of a {calibrated['context_blocks']}-block "
-            f"context: fresh, cached, from the host tier): {calibrated['recompute_s'] * 1e3:.2f} "
-            f"/ {calibrated['load_s'] * 1e3:.3f} ms = {calibrated['ratio']:.1f}x"
+            f"recompute/load, calibrated (`tenure calibrate-profile --layout {layout}`, "
+            f"{calibrated['machine']}): a {calibrated['context_blocks']}-block context's TTFT "
+            f"recomputed / loaded from the host tier = {calibrated['ttft_fresh_s'] * 1e3:,.0f} "
+            f"/ {calibrated['ttft_host_s'] * 1e3:,.0f} ms = {calibrated['ttft_ratio']:.1f}x"
         )
+    own = profile_block_costs(profile, bt, 32)
+    out["profile"] = own.to_dict()
+    said.append(f"recompute/load, the {profile.name} profile: {own.describe()}")
     # The GPU at the slice's own contexts: each live token stands for a trace block.
     gpu = get_profile("h100-llama3-8b")
     resumed = sorted(t.input_tokens for s in etrace.sessions for t in s.turns[1:])
@@ -243,10 +246,8 @@ def _block_costs(results: dict[str, Any], etrace: Any, profile: Any, layout: str
         gpu_costs = profile_block_costs(gpu, 16, max(1, trace_tokens // 16))
         out["gpu_profile"] = {**gpu_costs.to_dict(), "context_tokens": trace_tokens}
         said.append(
-            f"recompute/load of a 16-token block on {gpu.name} (its profile's roofline, at the "
-            f"slice's median resumed context, {trace_tokens:,} trace tokens): "
-            f"{gpu_costs.recompute_s * 1e3:.3f} / {gpu_costs.load_s * 1e3:.4f} ms = "
-            f"{gpu_costs.ratio:.1f}x"
+            f"recompute/load, the {gpu.name} profile at the slice's median resumed context "
+            f"({trace_tokens:,} trace tokens): {gpu_costs.describe()}"
         )
     out["said"] = said
     return out

@@ -120,7 +120,8 @@ def profile_block_costs(
     """:class:`~service.calibrate.block_costs.BlockCosts` from a simulator profile's physics,
     defined as the measurement is: one step prefilling a whole ``context_blocks`` context minus
     one step serving it from the cache (one new token attending to it), and the context's KV
-    bytes over the host -> device link, per block."""
+    bytes over the host -> device link, per block; the TTFTs are the prefill step, and the load
+    plus the cached step."""
     n = block_tokens * context_blocks
     fresh = profile.step_seconds(n, n * (n + 1) / 2, n)
     cached = profile.step_seconds(1, n, n)
@@ -131,4 +132,6 @@ def profile_block_costs(
         (fresh - cached) / context_blocks,
         load / context_blocks,
         notes=[f"the {profile.name} profile's roofline (not measured)"],
+        ttft_fresh_s=fresh,
+        ttft_host_s=load + cached,
     )
