@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.live.driver import DispatchPlan, Driver, TurnRecord
+from service.live.dispatch import DispatchPlan
+from service.live.driver import Driver, TurnRecord
 from service.live.stack import ABStack, ABStackConfig
 from service.live.workload import Workload
 from service.replay.model import Trace

@@ -155,104 +155,6 @@ def _load_slice(path: Path, spec: Any) -> Any:
     return build_workload(load_claude_code(path), spec)
 
 
-def _engine_speeds(
-    results: dict[str, Any], sims: dict[str, Any], etrace: Any, profile: Any
-) -> dict[str, Any]:
-    """Each arm's engine speed beside the profile's; said, with a warning where the simulated
-    columns are out of their calibrated regime."""
-    from service.live.speed import (
-        REGIME_FACTOR,
-        engine_speed,
-        out_of_regime,
-        simulated_decode_step,
-    )
-
-    speeds = {
-        name: engine_speed(run.engine, profile, simulated_decode_step(sims[name], etrace))
-        for name, run in results.items()
-    }
-    for name, speed in speeds.items():
-        live, model = speed["prefill_tokens_per_s"], speed["profile_prefill_tokens_per_s"]
-        if live and model:
-            _say(
-                f"{name}: the engine prefilled {live:,.0f} tokens/s (profile {profile.name}: "
-                f"{model:,.0f}); decode step "
-                + (
-                    f"{speed['decode_step_s'] * 1e3:.1f} ms "
-                    f"(simulated {speed['profile_decode_step_s'] * 1e3:.1f} ms)"
-                    if speed["decode_step_s"] and speed["profile_decode_step_s"]
-                    else "not measured"
-                )
-            )
-        off = out_of_regime(speed)
-        speed["out_of_regime"] = bool(off)
-        if off:
-            _say(
-                f"warning: {name}'s engine ran more than {REGIME_FACTOR:g}x off the profile "
-                f"({'; '.join(off)}): its simulated columns are out of their calibrated "
-                "regime (slower: a loaded machine; faster: a profile measured on a busier "
-                "one, see `tenure calibrate-profile`), compare them with care"
-            )
-    return speeds
-
-
-def _block_costs(results: dict[str, Any], etrace: Any, profile: Any, layout: str) -> dict[str, Any]:
-    """What recomputing a KV block costs against loading it from the host tier, three ways:
-    this run's engine timers, the layout's calibration (``tenure calibrate-profile``'s TTFT
-    probe) and the H100 profile's physics at the slice's contexts in trace tokens."""
-    from service.live.arm import sum_metric
-    from service.live.profiles import CALIBRATED_BLOCK_COSTS
-    from service.live.speed import profile_block_costs
-    from service.replay.hardware import get_profile
-
-    bt = etrace.block_tokens
-    said: list[str] = []
-    out: dict[str, Any] = {}
-    # This run: prefill seconds per computed block (vLLM's per-request prefill timer, which a
-    # busy engine stretches) against the offloading worker's load seconds per loaded block.
-    prefill_s = computed = load_s = loaded = 0.0
-    for run in results.values():
-        e = run.engine
-        prefill_s += sum_metric(e, "vllm:request_prefill_time_seconds_sum")
-        computed += sum_metric(e, "vllm:prompt_tokens_by_source_total", source="local_compute")
-        load_s += sum_metric(e, "vllm:kv_offload_load_time_total")
-        loaded += sum_metric(e, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
-    if computed and loaded and load_s > 0:
-        recompute, load = prefill_s / (computed / bt), load_s / (loaded / bt)
-        out["this_run"] = {"recompute_s": recompute, "load_s": load, "ratio": recompute / load}
-        said.append(
-            f"recompute/load of a {bt}-token block, this run's engine timers: "
-            f"{recompute * 1e3:.2f} / {load * 1e3:.3f} ms = {recompute / load:.0f}x (vLLM's "
-            "prefill timer per computed block over the offloading worker's load time per "
-            "loaded block; excludes the step a load waits for)"
-        )
-    calibrated = CALIBRATED_BLOCK_COSTS.get(layout)
-    if calibrated is not None:
-        out["calibrated"] = calibrated
-        said.append(
-            f"recompute/load, calibrated (`tenure calibrate-profile --layout {layout}`, "
-            f"{calibrated['machine']}): a {calibrated['context_blocks']}-block context's TTFT "
-            f"recomputed / loaded from the host tier = {calibrated['ttft_fresh_s'] * 1e3:,.0f} "
-            f"/ {calibrated['ttft_host_s'] * 1e3:,.0f} ms = {calibrated['ttft_ratio']:.1f}x"
-        )
-    own = profile_block_costs(profile, bt, 32)
-    out["profile"] = own.to_dict()
-    said.append(f"recompute/load, the {profile.name} profile: {own.describe()}")
-    # The GPU at the slice's own contexts: each live token stands for a trace block.
-    gpu = get_profile("h100-llama3-8b")
-    resumed = sorted(t.input_tokens for s in etrace.sessions for t in s.turns[1:])
-    if resumed:
-        trace_tokens = resumed[len(resumed) // 2] * 64
-        gpu_costs = profile_block_costs(gpu, 16, max(1, trace_tokens // 16))
-        out["gpu_profile"] = {**gpu_costs.to_dict(), "context_tokens": trace_tokens}
-        said.append(
-            f"recompute/load, the {gpu.name} profile at the slice's median resumed context "
-            f"({trace_tokens:,} trace tokens): {gpu_costs.describe()}"
-        )
-    out["said"] = said
-    return out
-
-
 def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
     from service.policy import policy_class
 
@@ -262,9 +164,11 @@ def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
 
 def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     from service.live import report
+    from service.live import verdict as verdicts
     from service.live.profiles import engine_profile
     from service.live.simulated import run_simulated
     from service.live.sizing import size_for
+    from service.live.speed import block_costs, engine_speeds
     from service.live.workload import SliceSpec, arrival_schedule, engine_trace
     from service.policy import UnknownPolicyError, policy_class
 
@@ -335,7 +239,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     schedule = arrival_schedule(etrace.roots, plan.rate, args.seed)
     dispatch = None
     if not args.free_running:
-        from service.live.driver import plan_dispatch
+        from service.live.dispatch import plan_dispatch
 
         base = sims[arms[0]]
         durations = {
@@ -375,10 +279,10 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             dispatch,
         )
         live = {name: report.live_arm(results[name], etrace) for name in arms}
-        speeds = _engine_speeds(results, sims, etrace, profile)
+        speeds = engine_speeds(results, sims, etrace, profile, _say)
         print()
         print(report.table(live, simulated))
-        delta = report.paired_delta(results[arms[1]], results[arms[0]])
+        delta = verdicts.paired_delta(results[arms[1]], results[arms[0]])
         print()
         for name in arms:
             held, forced = results[name].gate_held_s, results[name].gate_forced
@@ -388,11 +292,11 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
                     "running slower than the simulated one)"
                     + (f"; {forced} calls let go at its patience limit" if forced else "")
                 )
-        costs = _block_costs(results, etrace, profile, args.layout)
+        costs = block_costs(results, etrace, profile, args.layout)
         for line in costs["said"]:
             _say(line)
-        rows = report.verdict(live, delta, arms)
-        for line in report.say_verdict(rows, arms):
+        rows = verdicts.verdict(live, delta, arms)
+        for line in verdicts.say_verdict(rows, arms):
             _say(f"verdict: {line}")
         where = "" if args.keep_files or not own_workdir else " (removed at exit; --keep-files)"
         for name in arms:

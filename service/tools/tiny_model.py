@@ -94,11 +94,9 @@ _LAYOUTS = {layout.name: layout for layout in (TINY_SHAPE, DEMO_SHAPE)}
 
 
 def layout_named(name: str) -> ModelLayout:
-    from service.errors import UsageError
-
     layout = _LAYOUTS.get(name)
     if layout is None:
-        raise UsageError(f"unknown model layout {name!r}; valid: {', '.join(sorted(_LAYOUTS))}")
+        raise ValueError(f"unknown model layout {name!r}; valid: {', '.join(sorted(_LAYOUTS))}")
     return layout
 
 

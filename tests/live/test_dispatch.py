@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from service.live.driver import ClosedLoop, DispatchPlan, _Gate, plan_dispatch
-from service.live.report import say_verdict, verdict
+from service.live.dispatch import ClosedLoop, DispatchPlan, Gate, plan_dispatch
+from service.live.verdict import say_verdict, verdict
 
 TRACE = Path(__file__).resolve().parents[3] / "shared/traces/claude_code/sessions.jsonl.gz"
 if not TRACE.is_file():
@@ -76,7 +76,7 @@ def test_gate_sends_in_plan_order_whatever_order_calls_become_due() -> None:
 
     async def play(seed: int) -> list[tuple[str, tuple[int, int]]]:
         rng = random.Random(seed)
-        gate = _Gate(plan, patience_s=10)
+        gate = Gate(plan, patience_s=10)
         log: list[tuple[str, tuple[int, int]]] = []
 
         async def call(key: tuple[int, int]) -> None:
@@ -106,7 +106,7 @@ def test_gate_lets_a_call_go_at_its_patience_limit() -> None:
     plan = _toy_plan()
 
     async def play() -> int:
-        gate = _Gate(plan, patience_s=0.05)
+        gate = Gate(plan, patience_s=0.05)
         await gate.enter((1, 0))  # (0, 0) never comes
         return gate.forced
 
