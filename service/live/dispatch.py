@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import time
 from dataclasses import dataclass
 
 from service.live.workload import Workload
@@ -153,7 +152,9 @@ class Gate:
     in the plan's order sent, every call the plan had finished before it finished.
 
     A call held longer than ``patience_s`` goes anyway (and is counted in ``forced``): a plan
-    the live run cannot follow must not hang it."""
+    the live run cannot follow must not hang it. Waiters park on futures that every change
+    resolves (no lock held across an await), so cancelling a run cancels its held calls
+    cleanly."""
 
     def __init__(self, plan: DispatchPlan, patience_s: float = 120.0) -> None:
         self._rank = plan.rank()
@@ -163,7 +164,7 @@ class Gate:
         self._next = 0
         self._done: set[tuple[int, int]] = set()
         self._prefix = 0
-        self._cond = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []
         #: Seconds calls spent held beyond their own due time, and calls the limit let go.
         self.held_s = 0.0
         self.forced = 0
@@ -171,24 +172,32 @@ class Gate:
     def _ready(self, rank: int, need: int) -> bool:
         return self._next >= rank and self._prefix >= need
 
+    def _changed(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
     async def enter(self, key: tuple[int, int]) -> None:
         rank, need = self._rank[key], self._before[key]
-        started = time.perf_counter()
-        async with self._cond:
-            try:
-                await asyncio.wait_for(
-                    self._cond.wait_for(lambda: self._ready(rank, need)), self._patience
-                )
-            except TimeoutError:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self._patience
+        while not self._ready(rank, need):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 self.forced += 1
-            self._next = max(self._next, rank + 1)
-            self._cond.notify_all()
-        self.held_s += time.perf_counter() - started
+                break
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            await asyncio.wait({fut}, timeout=remaining)
+        self._next = max(self._next, rank + 1)
+        self.held_s += loop.time() - started
+        self._changed()
 
-    async def done(self, key: tuple[int, int]) -> None:
+    def done(self, key: tuple[int, int]) -> None:
         self._done.add(key)
         finished = self._finished
         while self._prefix < len(finished) and finished[self._prefix] in self._done:
             self._prefix += 1
-        async with self._cond:
-            self._cond.notify_all()
+        self._changed()

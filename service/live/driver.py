@@ -201,7 +201,7 @@ class Driver:
         for at, nxt, j in self._loop.done(session, k, record.done):
             self._at(at, nxt, j)
         if self.gate is not None:
-            await self.gate.done((session, k))
+            self.gate.done((session, k))
         self._pending -= 1
         if self._pending == 0:
             self._done.set()

@@ -85,7 +85,7 @@ def test_gate_sends_in_plan_order_whatever_order_calls_become_due() -> None:
             log.append(("sent", key))
             await asyncio.sleep(rng.random() * 0.02)
             log.append(("done", key))
-            await gate.done(key)
+            gate.done(key)
 
         await asyncio.gather(*(call(k) for k in plan.sent))
         assert gate.forced == 0
@@ -111,6 +111,25 @@ def test_gate_lets_a_call_go_at_its_patience_limit() -> None:
         return gate.forced
 
     assert asyncio.run(play()) == 1
+
+
+def test_cancelling_a_run_cancels_its_held_calls() -> None:
+    """A run stopped by the user (Ctrl-C cancels asyncio's main task) does not hang on calls
+    the plan is holding."""
+    plan = _toy_plan()
+
+    async def play() -> bool:
+        gate = Gate(plan, patience_s=60)
+        held = asyncio.ensure_future(gate.enter((0, 2)))  # needs four calls finished first
+        await asyncio.sleep(0.01)
+        held.cancel()
+        try:
+            await asyncio.wait_for(held, 1.0)
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(play())
 
 
 def test_closed_loop_waits_for_the_gap_after_the_answer() -> None:
