@@ -8,6 +8,13 @@ same arrival schedule, each on its own fresh Redis, sidecar and engine, started 
 and stopped after it (the last one stays up with ``--keep-running``). ``--quick`` starts both
 arms' stacks together before the first arm, with the model in each EngineCore process
 (:mod:`service.live.runs`), and says so.
+
+Both arms send their calls in the simulated control arm's order (:mod:`service.live.dispatch`),
+so they share one interleaving whatever the engine's speed; the verdict
+(:mod:`service.live.verdict`) names a winner per headline figure only where the paired per-call
+interval excludes 0, and says which figures the run could not separate. The demo model
+(``--layout demo``) makes a host-tier load cheap against a recompute, as on a GPU serving an 8B
+model; the recompute/load ratio is printed beside the H100 profile's.
 """
 
 from __future__ import annotations
