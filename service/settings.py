@@ -38,6 +38,9 @@ class TenantSpec(BaseModel):
     name: str
     #: Infer sessions from message-prefix hashes when a request carries no session header.
     infer_sessions: bool = True
+    #: Treat a one-shot harness run's final answer as the likely end of its session
+    #: (``claude -p``, ``codex exec``; service.harness.profiles): evicted first, not reclaimed.
+    infer_run_end: bool = True
 
     @field_validator("name")
     @classmethod

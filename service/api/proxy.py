@@ -37,6 +37,7 @@ from starlette.responses import Response
 
 from service.api import dialects
 from service.api.errors import openai_error
+from service.api.harness import HarnessRules
 from service.api.hints import HintError, parse_hints
 from service.api.messages import MessagesShape
 from service.api.paths import PathRefused, check_passthrough_path
@@ -108,6 +109,7 @@ class Proxy(ShapedRoutes):
         self.metrics = metrics
         self.upstream = upstream
         self.tenants = tenants
+        self.harness = HarnessRules(metrics)
         self.clock = clock
         key = settings.upstream_api_key
         self._upstream_auth = f"Bearer {key.get_secret_value()}" if key is not None else None
@@ -323,7 +325,9 @@ class Proxy(ShapedRoutes):
                 self.metrics.upstream_errors.labels(error.kind).inc()
             elif outcome != STREAM_DONE:
                 self.metrics.client_disconnects.inc()
-            if status >= 400:
+            if status >= 400 or outcome == STREAM_UPSTREAM_CUT:
+                # A stream the engine cut is retried by the harness at once (Claude Code and
+                # Codex within 0.01-0.25 s): taken back, so the retry is the same turn.
                 self.turns.finish(turn, FAILED)
             else:
                 self.turns.finish(turn, OK if outcome == STREAM_DONE else CUT)

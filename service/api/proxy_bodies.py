@@ -17,6 +17,7 @@ from service.api.errors import openai_error
 from service.api.route_shape import RouteShape
 from service.api.turn_book import Turn
 from service.api.upstream_client import UpstreamResponse
+from service.harness.profiles import HARNESS_HEADERS
 from service.state.keys import scoped_session_id
 
 __all__ = [
@@ -59,6 +60,7 @@ _READ_HEADERS = frozenset(
         b"content-length",
         b"x-api-key",
         *(h.encode() for h in dialects.DIALECT_HEADERS),
+        *(h.encode() for h in HARNESS_HEADERS),
     }
 )
 

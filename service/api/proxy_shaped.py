@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from service.api import dialects
 from service.api.errors import openai_error, unavailable
+from service.api.harness import HarnessRules
 from service.api.hints import HintError, Hints, parse_hints
 from service.api.proxy_bodies import (
     NOT_JSON,
@@ -36,6 +37,7 @@ from service.api.responses import stored_response_id
 from service.api.route_shape import RouteInputError, RouteShape
 from service.api.segment_facts import StreamFacts
 from service.api.segment_tracker import PendingTurn as SegmentTurn
+from service.api.segment_lifecycle import SegmentRefused
 from service.api.segment_tracker import SegmentTracker
 from service.api.tenants import TenantResolver
 from service.api.turn_book import FAILED, Turn, TurnBook
@@ -60,6 +62,7 @@ class ShapedRoutes:
     store: StateStore
     metrics: Metrics
     tenants: TenantResolver
+    harness: HarnessRules
     turns: TurnBook
     segments: SegmentTracker | None
     recorder: Recorder | None
@@ -129,20 +132,32 @@ class ShapedRoutes:
                 # to the stored answer whatever the session is called.
                 chained = await self._chained(tenant, prepared.chain)
                 native = dataclasses.replace(native, session=native.session or chained)
+            own = hints
             hints = self._with_dialects(hints, headers, payload, native)
+            hints, harness = self.harness.apply(hints, own, headers, payload)
             if hints.session is None and prepared.new_session is not None:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             drop_client_tenure(payload)
             digests: list[str] = []
             if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
                 digests = prepared.infer()
+            pending = await self._admit_segments(route, tenant, hints, payload)
             turn = await self.turns.start(route, tenant, hints, payload, digests)
             if turn is not None:
                 turn.shape = shape
                 turn.info = prepared.info
+                turn.harness = harness
+                turn.infer_end = tenant.infer_run_end
+                self.turns.child_started(turn)
                 if self.recorder is not None:
                     turn.record = self.recorder.begin(payload, hints, route, tenant.name)
-            body = self._rewrite(payload, turn, hints)
+            seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
+            body = self._rewrite(payload, turn, hints, seg_tags)
+        except SegmentRefused as exc:
+            self.turns.finish(turn, FAILED)
+            self.metrics.hint_rejections.labels(exc.param or "segments").inc()
+            response = shape.error(exc.status, exc.message, param=exc.param, code=exc.code)
+            return self._done(route, response, started)
         except HintError as exc:
             self.metrics.hint_rejections.labels(exc.label).inc()
             response = shape.error(400, exc.message, param=exc.param, code="invalid_tenure_hint")
