@@ -205,8 +205,11 @@ def test_claude_code_subagent_is_a_child_session(stack: Stack, installed: clis.C
     lead_view = stack.settled(CLAUDE_KEY, lead)
     child_view = stack.settled(CLAUDE_KEY, child)
     assert child_view["parent"] == lead and lead_view["parent"] is None
-    assert child_view["role"] == "worker"
-    assert lead_view["role"] in (None, "lead")
+    # The worker class and the spawn record, as the engine receives them.
+    first = _tenure(child_requests[0])
+    assert first["role"] == "worker" and first["parent_session"] == f"claude/{lead}"
+    assert first["predicted_lifetime_s"] > 0  # the ranker's prediction at the spawn
+    assert all(_tenure(r)["role"] == "lead" for r in lead_requests)
     assert child_view["turn"] == len(_answered(child_requests))
     assert lead_view["turn"] == len(_answered(lead_requests))
     assert child_view["reason"] == "likely_end_subagent"
