@@ -36,8 +36,8 @@ from service.api.recorder import Recorder
 from service.api.responses import stored_response_id
 from service.api.route_shape import RouteInputError, RouteShape
 from service.api.segment_facts import StreamFacts
-from service.api.segment_tracker import PendingTurn as SegmentTurn
 from service.api.segment_lifecycle import SegmentRefused
+from service.api.segment_tracker import PendingTurn as SegmentTurn
 from service.api.segment_tracker import SegmentTracker
 from service.api.tenants import TenantResolver
 from service.api.turn_book import FAILED, Turn, TurnBook

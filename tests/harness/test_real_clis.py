@@ -109,7 +109,9 @@ def stack(
 
     def up() -> bool:
         if serve.poll() is not None:
-            raise RuntimeError(f"tenure serve exited: {serve.stdout.read() if serve.stdout else ''}")
+            raise RuntimeError(
+                f"tenure serve exited: {serve.stdout.read() if serve.stdout else ''}"
+            )
         try:
             return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
