@@ -377,18 +377,22 @@ class TurnBook:
         if outcome == FAILED:
             await self._take_back(turn, start)
             return
+        now = self.clock()
+        hints = turn.hints
+        ended = None
+        if outcome == OK and not hints.last_turn and hints.expected_gap_s is None:
+            ended = likely_end(turn.harness, turn.stop_reason, now, enabled=turn.infer_end)
         if turn.record is not None and self.recorder is not None:
             # Its own task: recording never delays the turn's decision.
             task = self._loop.create_task(
                 self.recorder.finish(
                     turn.record, tenant=turn.tenant, session=start.session, turn=start.turn,
                     stop=turn.stop_reason, usage=turn.usage, cut=outcome == CUT,
+                    likely_end=ended is not None,
                 )
             )  # fmt: skip
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
-        now = self.clock()
-        hints = turn.hints
         decision = lifecycle.on_response(
             now,
             stop_reason=turn.stop_reason,
@@ -398,11 +402,8 @@ class TurnBook:
             predictor=self.runtime.predictor(turn.tenant),
             tool=turn.tool,
         )
-        ended = None
-        if outcome == OK and not hints.last_turn and hints.expected_gap_s is None:
-            ended = likely_end(turn.harness, turn.stop_reason, now, enabled=turn.infer_end)
-            if ended is not None:
-                decision = ended
+        if ended is not None:
+            decision = ended
         message = decisions.as_message(
             decision, tenant=turn.tenant, session=start.session, turn=start.turn,
             parent=turn.parent, now=now,

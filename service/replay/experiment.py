@@ -69,6 +69,8 @@ class LadderSpec:
     seeds: tuple[int, ...]
     boot: int
     paired_vs: tuple[str, ...] = PAIRED_BASELINES
+    #: How sessions' ends are known (:attr:`ReplayConfig.ends`).
+    ends: str = "declared"
 
 
 # The trace the workers replay, set in the parent just before the pool forks.
@@ -163,6 +165,7 @@ def build_ladder(
         "hint_sources": {p: policy_class(p).hint_source for p in spec.policies},
         "arrival_rate": spec.arrival_rate,
         "host_gib": spec.host_gib,
+        "ends": spec.ends,
         "hardware": spec.hardware.name,
         "seeds": list(spec.seeds),
         "boot": spec.boot,
@@ -182,7 +185,7 @@ def build_ladder(
 
 def ladder_configs(spec: LadderSpec) -> list[ReplayConfig]:
     return [
-        ReplayConfig(p, spec.hardware, spec.host_gib, spec.arrival_rate, seed)
+        ReplayConfig(p, spec.hardware, spec.host_gib, spec.arrival_rate, seed, ends=spec.ends)
         for p in spec.policies
         for seed in spec.seeds
     ]

@@ -94,11 +94,12 @@ class Workload(SimState):
         req.extra_blocks = self._extra_blocks(turn.input_tokens, req.n_blocks, turn.output_tokens)
         self.tier.request_start(sid, now)
         if self.hint_source != "none":
+            declared = turn.last and self.config.ends == "declared"
             if self.hint_source == "exact":
                 gap = None if turn.last else sess.turns[k + 1].gap_s
             else:
-                gap = None if turn.last else self.gaps.predict(self.prev_stop[session])
-            self.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=turn.last), now)
+                gap = None if declared else self.gaps.predict(self.prev_stop[session])
+            self.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=declared), now)
             self.arm_timer(now)
         self.waiting.append(req)
         self.poke(now)
@@ -116,7 +117,10 @@ class Workload(SimState):
         self.gpu.release(req.runs, req.extra_blocks)
         if self.lower is not None:
             self.lower.on_complete(session, req.turn, now)
-        if self.hint_source == "predicted" and not turn.last:
+        declared = turn.last and self.config.ends == "declared"
+        if self.hint_source != "none" and self.config.ends == "inferred" and turn.likely_end:
+            self.tier.hint(sid, SessionHint(likely_end=True), now)
+        elif self.hint_source == "predicted" and not declared:
             gap = self.gaps.predict(turn.stop)
             self.tier.hint(sid, SessionHint(expected_gap_s=gap), now)
         self.arm_timer(now)

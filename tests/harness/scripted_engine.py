@@ -108,12 +108,15 @@ class ScriptedEngine:
             return
         streamed = bool(body.get("stream"))
         number = self._next_id()
+        # Prompt tokens as a tokenizer would roughly count the request (4 bytes a token), so a
+        # recording of these runs has the CLIs' real prompt sizes.
+        prompt = max(1, len(raw) // 4)
         if path == "/v1/messages":
-            await _anthropic(send, plan, streamed, number, cut=fault == "cut")
+            await _anthropic(send, plan, streamed, number, prompt, cut=fault == "cut")
         elif path == "/v1/responses":
-            await _responses(send, plan, streamed, number, cut=fault == "cut")
+            await _responses(send, plan, streamed, number, prompt, cut=fault == "cut")
         else:
-            await _chat(send, plan, streamed, number, cut=fault == "cut")
+            await _chat(send, plan, streamed, number, prompt, cut=fault == "cut")
 
 
 _MODEL_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
@@ -290,9 +293,11 @@ def _data(data: dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-async def _anthropic(send: Send, plan: Plan, streamed: bool, number: int, *, cut: bool) -> None:
+async def _anthropic(
+    send: Send, plan: Plan, streamed: bool, number: int, prompt: int, *, cut: bool
+) -> None:
     msg_id = f"msg_scripted_{number:05d}"
-    usage = {"input_tokens": 100, "output_tokens": 12}
+    usage = {"input_tokens": prompt, "output_tokens": 12}
     if plan.tool:
         block: dict[str, Any] = {
             "type": "tool_use", "id": f"toolu_scripted_{number:05d}", "name": plan.tool,
@@ -354,7 +359,9 @@ async def _anthropic(send: Send, plan: Plan, streamed: bool, number: int, *, cut
     await _events(send, events, cut)
 
 
-async def _responses(send: Send, plan: Plan, streamed: bool, number: int, *, cut: bool) -> None:
+async def _responses(
+    send: Send, plan: Plan, streamed: bool, number: int, prompt: int, *, cut: bool
+) -> None:
     resp_id = f"resp_scripted_{number:05d}"
     if plan.tool:
         item: dict[str, Any] = {
@@ -369,8 +376,8 @@ async def _responses(send: Send, plan: Plan, streamed: bool, number: int, *, cut
             "content": [{"type": "output_text", "text": plan.text, "annotations": []}],
         }  # fmt: skip
     usage = {
-        "input_tokens": 100, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
-        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 112,
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
+        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + 12,
     }  # fmt: skip
     response = {
         "id": resp_id, "object": "response", "created_at": int(time.time()), "model": "scripted",
@@ -408,7 +415,9 @@ async def _responses(send: Send, plan: Plan, streamed: bool, number: int, *, cut
     await _events(send, events, cut)
 
 
-async def _chat(send: Send, plan: Plan, streamed: bool, number: int, *, cut: bool) -> None:
+async def _chat(
+    send: Send, plan: Plan, streamed: bool, number: int, prompt: int, *, cut: bool
+) -> None:
     chat_id = f"chatcmpl-scripted-{number:05d}"
     if plan.tool:
         call = {
@@ -420,7 +429,7 @@ async def _chat(send: Send, plan: Plan, streamed: bool, number: int, *, cut: boo
     else:
         message = {"role": "assistant", "content": plan.text}
         finish = "stop"
-    usage = {"prompt_tokens": 100, "completion_tokens": 12, "total_tokens": 112}
+    usage = {"prompt_tokens": prompt, "completion_tokens": 12, "total_tokens": prompt + 12}
     if not streamed:
         await _json(
             send,

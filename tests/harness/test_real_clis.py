@@ -23,6 +23,8 @@ import httpx
 import pytest
 import redis
 
+from service.replay.loaders.canonical import load_canonical
+from service.replay.model import Trace
 from tests.conftest import RedisProcess, wait_for
 from tests.harness import clis
 from tests.harness.scripted_engine import Received, ScriptedEngine
@@ -94,6 +96,7 @@ def stack(
         "TENURE_ADMIN_TOKEN": ADMIN_TOKEN,
         "TENURE_PUSH_ADDR": "",
         "TENURE_SEGMENTS": "1",
+        "TENURE_RECORD_ENABLED": "1",
         "TENURE_TENANTS": json.dumps(
             {CLAUDE_KEY: {"name": "claude"}, CODEX_KEY: {"name": "codex"}}
         ),
@@ -155,6 +158,19 @@ def _answered(requests: list[Received]) -> list[Received]:
 def _tenure(request: Received) -> dict[str, Any]:
     tags: dict[str, Any] = request.body["kv_transfer_params"]["tenure"]
     return tags
+
+
+def _recorded(stack: Stack) -> Trace:
+    """The sidecar's recording so far, exported and loaded as the replay loads it."""
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        reply = http.get(
+            "/admin/record/export?block_tokens=16",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+    assert reply.status_code == 200, reply.text
+    path = stack.tmp / "recorded.jsonl"
+    path.write_text(reply.text)
+    return load_canonical(path)
 
 
 def _check_ended_one_shot(view: dict[str, Any], turns: int) -> None:
@@ -228,6 +244,15 @@ def test_claude_code_subagent_is_a_child_session(stack: Stack, installed: clis.C
     assert during, "the lead got no decision while its child ran"
     assert all(d["reason"] != "predicted_human" for d in during)
     assert {d["reason"] for d in during} & {"awaiting_child", "child_returned"}
+    # The recording replays as a parent and a child, each ending where the sidecar said.
+    trace = _recorded(stack)
+    children = [s for s in trace.sessions if s.parent is not None]
+    assert children, "no sub-agent in the recording"
+    for child_session in children:
+        lead_session = trace.sessions[child_session.parent]  # type: ignore[index]
+        assert lead_session.parent is None
+        assert child_session.turns[-1].likely_end and lead_session.turns[-1].likely_end
+        assert len(child_session.turns) == len(_answered(child_requests))
 
 
 def test_claude_code_failing_first_attempt_and_cut_stream(
