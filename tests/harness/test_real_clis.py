@@ -121,7 +121,7 @@ def stack(
             return False
 
     try:
-        wait_for(up, timeout_s=60, interval_s=0.2)
+        wait_for(up, timeout_s=240, interval_s=0.5)
         yield Stack(engine, url, db, tmp_path_factory.mktemp("harness"))
     finally:
         serve.terminate()
