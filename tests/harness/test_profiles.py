@@ -145,3 +145,27 @@ def test_every_counted_label_is_from_the_fixed_set() -> None:
 def test_parse_version() -> None:
     assert parse_version("2.1.332") == (2, 1, 332)
     assert parse_version("2.1.332-beta") is None and parse_version("") is None
+
+
+def test_the_sidecar_rules_tenure_hints_win_and_the_end_is_switchable() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from service.api.harness import HarnessRules, likely_end
+    from service.api.hints import Hints
+    from service.metrics import Metrics
+
+    rules = HarnessRules(Metrics(CollectorRegistry()))
+    headers = _claude_headers(**{AGENT: "a42085feec837a739"})
+    body = _claude_body(subagent=True)
+    hints, reading = rules.apply(Hints(session=LEAD), Hints(), headers, body)
+    assert (hints.session, hints.parent) == (f"{LEAD}:agent-a42085feec837a739", LEAD)
+    own = Hints(session="mine")
+    assert rules.apply(own, own, headers, body)[0] == own  # Tenure's own session wins
+    assert likely_end(reading, "end_turn", 1.0, enabled=True) is not None
+    assert likely_end(reading, "end_turn", 1.0, enabled=False) is None  # per tenant
+    assert likely_end(reading, "tool_use", 1.0, enabled=True) is None
+    interactive = read(_claude_headers(), _claude_body("cli"))
+    assert likely_end(interactive, "end_turn", 1.0, enabled=True) is None
+    one_shot = likely_end(read(_claude_headers(), _claude_body()), "end_turn", 1.0, enabled=True)
+    assert one_shot is not None and one_shot.likely_end and not one_shot.reclaim
+    assert one_shot.reason == "likely_end_one_shot"
