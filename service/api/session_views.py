@@ -116,8 +116,8 @@ def view(session: str, record: SessionRecord, now: float, slack_s: float) -> Ses
     state = record.state if record.state is not None else "idle"
     wakeup = record.wakeup_at
     cls = (
-        lifecycle.classify(  # type: ignore[arg-type]
-            state,
+        lifecycle.classify(
+            state,  # type: ignore[arg-type]
             wakeup,
             now,
             slack_s,
