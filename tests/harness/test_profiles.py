@@ -150,8 +150,8 @@ def test_parse_version() -> None:
 def test_the_sidecar_rules_tenure_hints_win_and_the_end_is_switchable() -> None:
     from prometheus_client import CollectorRegistry
 
-    from service.api.harness import HarnessRules, likely_end
-    from service.api.hints import Hints
+    from service.api.hints.harness import HarnessRules, likely_end
+    from service.api.hints.tenure import Hints
     from service.metrics import Metrics
 
     rules = HarnessRules(Metrics(CollectorRegistry()))
