@@ -103,7 +103,14 @@ def create_app(
             on_short_wait=lambda _acked: metrics.redis_wait_short.inc(),
         )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
-        retention = build_retention(settings, store, metrics, clock)
+        push: PushServer | None = None
+
+        async def retention_changed() -> None:
+            # A branch change reaches every adapter at once, not at the next periodic snapshot.
+            if push is not None:
+                await push.broadcast_snapshot()
+
+        retention = build_retention(settings, store, metrics, clock, retention_changed)
         runtime = Runtime(
             store, metrics, gap_log_len=settings.gap_observations_maxlen,
             tenants=tenants.names, retention=retention, clock=clock,
@@ -111,7 +118,6 @@ def create_app(
         await runtime.refresh(sample_states=True)
         upstream = upstream_client(settings, upstream_transport)
         tail_client: RedisClient | None = None
-        push: PushServer | None = None
         if settings.push_addr:
             # Blocking stream reads need their own connection and a longer socket timeout.
             tail_client = redis_client(settings, settings.redis_timeout_s + 5.0)
@@ -135,7 +141,6 @@ def create_app(
                 security=push_security(settings),
             )  # fmt: skip
             await push.start()
-            retention.on_change = push.broadcast_snapshot
         recorder = Recorder(
             # The keys' root (hash-tagged on a cluster: the recorder's script keys share a slot).
             client, keys.prefix, enabled=settings.record_enabled,
