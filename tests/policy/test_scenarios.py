@@ -7,6 +7,7 @@ import math
 import pytest
 
 from service.policy import EvictionClass, Run, SessionHint
+from service.policy.sessions import SessionPolicy
 from tests.policy.harness import Harness
 
 
@@ -184,6 +185,12 @@ def test_ttl_pins_until_expiry_then_force_evicts_earliest_pin() -> None:
     }
 
 
+def _lives(h: Harness) -> SessionPolicy:
+    policy = h.tier.policy
+    assert isinstance(policy, SessionPolicy)
+    return policy
+
+
 def test_a_likely_end_goes_first_but_is_not_reclaimed() -> None:
     """Issue 24: an inferred end (a one-shot run's final answer) is evicted before any live
     session, overdue ones included, yet keeps its blocks until room is needed, and a run
@@ -202,7 +209,7 @@ def test_a_likely_end_goes_first_but_is_not_reclaimed() -> None:
     h.tier.request_start("ended", 20.0)
     assert h.tier.lookup([Run(seg, 0, 10)]) == 5
     h.tier.hint("ended", SessionHint(expected_gap_s=60.0), 20.0)
-    assert not h.tier.policy.peek("ended").finished  # live again
+    assert not _lives(h).peek("ended").finished  # live again
 
 
 def test_a_likely_end_hint_while_active_applies_when_the_turn_ends() -> None:
@@ -210,6 +217,6 @@ def test_a_likely_end_hint_while_active_applies_when_the_turn_ends() -> None:
     h.turn("s", 10, 0.0, gap=5.0)
     h.tier.request_start("s", 10.0)
     h.tier.hint("s", SessionHint(likely_end=True), 10.0)
-    assert not h.tier.policy.peek("s").finished  # its turn still reads its context
+    assert not _lives(h).peek("s").finished  # its turn still reads its context
     h.tier.access([Run(h.seg("s"), 0, 10)], 11.0)
-    assert h.tier.policy.peek("s").finished and h.resident("s") == 10
+    assert _lives(h).peek("s").finished and h.resident("s") == 10
