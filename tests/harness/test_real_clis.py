@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -71,7 +71,10 @@ class Stack:
     def decisions(self, scoped: str) -> list[dict[str, Any]]:
         """Every decision the sidecar published for one session, in order."""
         found = []
-        for _id, fields in self.redis.xrange(f"{PREFIX}:decisions"):
+        entries = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]", self.redis.xrange(f"{PREFIX}:decisions")
+        )
+        for _id, fields in entries:
             decision = json.loads(fields[b"d"])
             if decision["session_id"] == scoped:
                 found.append(decision)
@@ -104,17 +107,18 @@ def stack(
     db = redis.Redis.from_url(redis_server.url)
     for key in db.scan_iter(f"{PREFIX}:*"):
         db.delete(key)
+    # Its log goes to a file: a pipe nobody reads would block the server once full.
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    log_file = log_path.open("wb")
     serve = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve"], env=env, cwd=root,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=log_file, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
         if serve.poll() is not None:
-            raise RuntimeError(
-                f"tenure serve exited: {serve.stdout.read() if serve.stdout else ''}"
-            )
+            raise RuntimeError(f"tenure serve exited: {log_path.read_text()[-2000:]}")
         try:
             return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
@@ -130,6 +134,7 @@ def stack(
         except subprocess.TimeoutExpired:
             serve.kill()
         upstream.stop()
+        log_file.close()
 
 
 def _claude(stack: Stack, installed: clis.Clis, work: Path, *args: str) -> clis.CliRun:
