@@ -71,6 +71,8 @@ class LadderSpec:
     paired_vs: tuple[str, ...] = PAIRED_BASELINES
     #: Compute every run's bound on saved prefill work (:mod:`service.replay.bound`).
     bound: bool = True
+    #: How sessions' ends are known (:attr:`ReplayConfig.ends`).
+    ends: str = "declared"
 
 
 # The trace the workers replay, set in the parent just before the pool forks.
@@ -165,6 +167,7 @@ def build_ladder(
         "hint_sources": {p: policy_class(p).hint_source for p in spec.policies},
         "arrival_rate": spec.arrival_rate,
         "host_gib": spec.host_gib,
+        "ends": spec.ends,
         "hardware": spec.hardware.name,
         "seeds": list(spec.seeds),
         "boot": spec.boot,
@@ -191,7 +194,15 @@ def build_ladder(
 
 def ladder_configs(spec: LadderSpec) -> list[ReplayConfig]:
     return [
-        ReplayConfig(p, spec.hardware, spec.host_gib, spec.arrival_rate, seed, bound=spec.bound)
+        ReplayConfig(
+            p,
+            spec.hardware,
+            spec.host_gib,
+            spec.arrival_rate,
+            seed,
+            bound=spec.bound,
+            ends=spec.ends,
+        )
         for p in spec.policies
         for seed in spec.seeds
     ]

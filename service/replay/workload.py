@@ -100,11 +100,12 @@ class Workload:
         req.extra_blocks = self._extra_blocks(turn.input_tokens, req.n_blocks, turn.output_tokens)
         self.sim.tier.request_start(sid, now)
         if self.sim.hint_source != "none":
+            declared = turn.last and self.sim.config.ends == "declared"
             if self.sim.hint_source == "exact":
                 gap = None if turn.last else sess.turns[k + 1].gap_s
             else:
-                gap = None if turn.last else self.sim.gaps.predict(self.prev_stop[session])
-            self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=turn.last), now)
+                gap = None if declared else self.sim.gaps.predict(self.prev_stop[session])
+            self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=declared), now)
             self.sim.arm_timer(now)
         self.sim.waiting.append(req)
 
@@ -122,7 +123,14 @@ class Workload:
         self.sim.gpu.release(req.runs, req.extra_blocks)
         if self.sim.lower is not None:
             self.sim.lower.on_complete(session, req.turn, now)
-        if self.sim.hint_source == "predicted" and not turn.last:
+        declared = turn.last and self.sim.config.ends == "declared"
+        if (
+            self.sim.hint_source != "none"
+            and self.sim.config.ends == "inferred"
+            and turn.likely_end
+        ):
+            self.sim.tier.hint(sid, SessionHint(likely_end=True), now)
+        elif self.sim.hint_source == "predicted" and not declared:
             gap = self.sim.gaps.predict(turn.stop)
             self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap), now)
         self.sim.arm_timer(now)
