@@ -41,6 +41,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="baselines for paired p95 deltas (default: lru,notier when replayed)",
     )
+    parser.add_argument(
+        "--no-bound",
+        action="store_true",
+        help="skip the per-run bound on saved prefill work (the saved/bound column)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write results JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
 
@@ -118,6 +123,7 @@ class _Options:
         self.format: str | None = args.format
         self.json: Path | None = args.json
         self.plot: Path | None = args.plot
+        self.no_bound: bool = args.no_bound
         for out in (self.json, self.plot):
             if out is not None and not out.parent.is_dir():
                 raise UsageError(f"{out}: the directory {out.parent} does not exist")
@@ -141,6 +147,7 @@ class _Options:
             self.seeds,
             self.boot,
             self.paired_vs,
+            bound=not self.no_bound,
         )
 
     def extra(self, trace: Any) -> dict[str, Any]:

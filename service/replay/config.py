@@ -21,6 +21,9 @@ class ReplayConfig:
     policy_params: Mapping[str, float] | None = None
     #: An SSD tier below the host tier and its placement (``None``: the host tier only).
     tiering: TieringConfig | None = None
+    #: Record the run's accesses and compute the bound on the prefill work its host tier could
+    #: have saved (:mod:`service.replay.bound`; host tier only, ignored with ``tiering``).
+    bound: bool = False
 
 
 @dataclass(frozen=True)
