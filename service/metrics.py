@@ -140,7 +140,7 @@ class Metrics:
             "(exact: the engine's /tokenize; lower_bound: from the previous turn; none)",
             ["outcome"], registry=r,
         )  # fmt: skip
-        # Labels come from service.api.dialects.DIALECT_FIELDS only (a fixed set).
+        # Labels come from service.api.hints.dialects.DIALECT_FIELDS only (a fixed set).
         self.dialect_fields = Counter(
             "tenure_dialect_fields",
             "Hint fields of other stacks' dialects: used, overridden by a higher source, "
