@@ -34,7 +34,8 @@ EOF
 
 pids=()
 cleanup() {
-    for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+    # TERM, not INT: a background job of a script starts with SIGINT ignored.
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -46,11 +47,16 @@ START=$(date +%s)
 # `tenure up --scripted --keep-running`, with a longer engine start-up allowance than the
 # CLI's (a loaded VM takes minutes to import vLLM).
 .venv/bin/python - "$WORK/stack" "$SIDECAR" "$ENGINE" >"$WORK/up.log" 2>&1 <<'PY' &
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from service.stack import LocalStack, StackConfig
 from service.stack_cli import run_demo
 
+def stop(signum, frame):
+    raise KeyboardInterrupt  # the finally below stops Redis, the engine and the sidecar
+
+
+signal.signal(signal.SIGTERM, stop)
 work, proxy, engine = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 config = StackConfig(workdir=work, model_cache=Path.home() / ".cache/tenure/models",
                      proxy_port=proxy, engine_port=engine, engine_timeout_s=1200.0)

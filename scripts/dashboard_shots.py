@@ -27,6 +27,17 @@ from pathlib import Path
 from typing import Any
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy/grafana/dashboards/tenure-overview.json"
+#: Grafana's unit ids as a reader says them (an id not listed is shown as it is).
+UNITS = {
+    "short": "",
+    "none": "",
+    "reqps": "requests/s",
+    "ops": "per second",
+    "s": "seconds",
+    "Bps": "bytes/s",
+    "bytes": "bytes",
+    "percentunit": "fraction",
+}
 
 
 @dataclass
@@ -121,8 +132,9 @@ def draw_row(
                 drawn += 1
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("seconds into the run", fontsize=8)
-        if panel.unit:
-            ax.set_ylabel(panel.unit, fontsize=8)
+        unit = UNITS.get(panel.unit, panel.unit)
+        if unit:
+            ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         if drawn:

@@ -229,6 +229,13 @@ def settings_markdown(model: type[BaseModel] | None = None) -> str:
         "secret).",
         "",
     ]
+    silent = [r.env for r in rows if not r.doc]
+    if silent:
+        out += [
+            f"{len(silent)} settings have no comment in the code yet (their meaning reads `—`):",
+            "a `#:` comment above the field, or a pydantic `description`, fills it in here.",
+            "",
+        ]
     groups: dict[str, list[SettingRow]] = {}
     for row in rows:
         groups.setdefault(row.group.split(".")[0], []).append(row)

@@ -80,7 +80,6 @@ def served(
         "TENURE_REDIS_URL": redis_url,
         "TENURE_ADMIN_TOKEN": ADMIN_TOKEN,
         "TENURE_PUSH_ADDR": "",
-        "TENURE_TENANTS": f'{{"{API_KEY}": {{"name": "default"}}}}',
     }
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(
