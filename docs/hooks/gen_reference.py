@@ -222,8 +222,9 @@ def settings_markdown(model: type[BaseModel] | None = None) -> str:
         "# Settings",
         "",
         f"Every environment variable `tenure serve` reads: {len(rows)} settings, generated at",
-        f"build time from `{SOURCES['settings']}` (pydantic-settings; nested settings models",
-        "are walked), with each field's type, default and the comment above it in the code.",
+        f"build time from `{model.__module__}:{model.__qualname__}` (pydantic-settings; nested",
+        "settings models are walked), with each field's type, default and the comment above it",
+        "in the code.",
         "Booleans take `1`/`0`, `true`/`false`; JSON-typed values are JSON text. A bad value is",
         "one line naming the variable at start-up, never a traceback (and never the value of a",
         "secret).",
@@ -544,6 +545,11 @@ def openapi_markdown(schema: dict[str, Any] | None = None) -> str:
 # --- hints and dialects -----------------------------------------------------------------
 
 
+def _rst_to_markdown(text: str) -> str:
+    """A docstring's reST literals (double backticks) as Markdown's single ones."""
+    return text.replace("``", "`")
+
+
 def hint_headers(schema: dict[str, Any]) -> dict[str, str]:
     """Each ``X-Tenure-*`` header the tracked routes accept, with its meaning."""
     found: dict[str, str] = {}
@@ -577,11 +583,19 @@ def hints_markdown(schema: dict[str, Any] | None = None, dialects: Any = None) -
     if body.get("description"):
         out += [_cell(body["description"]), ""]
     out += ["| field | type | meaning |", "|---|---|---|"]
+    by_field = {h.lower().removeprefix("x-tenure-").replace("-", "_"): h for h in headers}
     for prop, spec in body.get("properties", {}).items():
-        meaning = _cell(spec.get("description", spec.get("title", "")))
+        meaning = _cell(spec.get("description", ""))
+        # A body field is its header's twin: session_id = session, expected_gap_s in seconds.
+        twin = by_field.get(prop) or by_field.get(prop.removesuffix("_id"))
+        if twin is None and prop.endswith("_s"):
+            twin = by_field.get(prop[:-2] + "_ms")
+            meaning = meaning or "in seconds"
+        if twin is not None:
+            meaning = f"as `{twin}`" + (f": {meaning}" if meaning else "")
         out.append(f"| `tenure.{prop}` | {_schema_text(spec)} | {meaning} |")
     out += ["", "## Other stacks' dialects", ""]
-    out += [textwrap.dedent(dialects.__doc__ or "").strip(), ""]
+    out += [_rst_to_markdown(textwrap.dedent(dialects.__doc__ or "").strip()), ""]
     out += ["| header read | body key read |", "|---|---|"]
     header_names = sorted(dialects.DIALECT_HEADERS)
     body_keys = list(dialects.DIALECT_BODY_KEYS)
