@@ -15,6 +15,9 @@ echo
 curl -sf -H "$H" -X PATCH "$SIDECAR/admin/config" -H 'Content-Type: application/json' \
   -d '{"lambda_mode": "auto"}'                                         # unpin
 echo
+curl -sf -H "$H" -X PATCH "$SIDECAR/admin/config" -H 'Content-Type: application/json' \
+  -d '{"host_slots": 425, "w_ref_s": 1800}'                            # capacity: C2, W_ref
+echo
 curl -sf -H "$H" -X POST "$SIDECAR/admin/retention/decide?tenant=default"  # re-choose now
 echo
 curl -sf -H "$H" "$SIDECAR/admin/engines"                              # per-engine residency

@@ -30,18 +30,29 @@ from pydantic_settings import BaseSettings
 SOURCES = {
     "settings": "service.settings:Settings",
     "load_settings": "service.settings:load_settings",
+    "runtime_config": "service.state.config:RuntimeConfig",
     "metrics": "service.metrics:Metrics",
     "cli": "service.cli:build_parser",
     "app": "service.app:create_app",
-    "dialects": "service.api.dialects",
+    # Where issue 22's layout puts it, then where it was before.
+    "dialects": "service.api.hints.dialects | service.api.dialects",
 }
 
 
 def load(name: str) -> Any:
-    """The object :data:`SOURCES` names (``module:attribute``, or a module)."""
-    module_name, _, attribute = SOURCES[name].partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attribute) if attribute else module
+    """The object :data:`SOURCES` names (``module:attribute``, or a module; ``a | b``: the
+    first that imports)."""
+    candidates = [c.strip() for c in SOURCES[name].split("|")]
+    for candidate in candidates:
+        module_name, _, attribute = candidate.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if candidate == candidates[-1] or not module_name.startswith(str(error.name)):
+                raise
+            continue
+        return getattr(module, attribute) if attribute else module
+    raise AssertionError("unreachable")
 
 
 def _text(text: object) -> str:
@@ -80,12 +91,33 @@ def _field_comments(cls: type) -> dict[str, str]:
         if stripped.startswith("#:"):
             pending.append(stripped[2:].strip())
             continue
+        if stripped.startswith("#"):
+            continue  # a plain comment (why, not what) between the doc and its field
         found = re.match(r"^    (\w+)\s*:", line)
         if found and pending:
             comments[found.group(1)] = " ".join(pending)
         if stripped:
             pending = []
     return comments
+
+
+def _field_sections(cls: type) -> dict[str, str]:
+    """Each field's section: the ``# --- title ---`` comment above it, if the class has them."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    sections: dict[str, str] = {}
+    current = ""
+    for line in source.splitlines()[1:]:
+        heading = re.match(r"^    # -{3}\s*(.*?)\s*-*\s*$", line)
+        if heading:
+            current = heading.group(1)
+            continue
+        found = re.match(r"^    (\w+)\s*:", line)
+        if found and current:
+            sections[found.group(1)] = current
+    return sections
 
 
 def _source_defaults(cls: type) -> dict[str, str]:
@@ -192,10 +224,12 @@ def _delimiter(config: Any) -> str | None:
 def _walk(
     model: type[BaseModel], prefix: str, delimiter: str | None, group: str
 ) -> Iterator[SettingRow]:
-    docs, written = _docs(model), _source_defaults(model)
+    docs, written, sections = _docs(model), _source_defaults(model), _field_sections(model)
     for name, info in model.model_fields.items():
         nested = _model_of(info.annotation)
-        label = f"{group}.{name}" if group else name
+        # A nested model is its own group (named by its top-level field); a flat model's
+        # fields are grouped by the section comments of the class, when it has them.
+        label = group or name
         if nested is not None and issubclass(nested, BaseSettings):
             sub = nested.model_config
             yield from _walk(nested, str(sub.get("env_prefix", "") or ""), _delimiter(sub), label)
@@ -212,10 +246,15 @@ def _walk(
         if limits:
             kind = f"{kind} ({limits})"
         doc = info.description or docs.get(name, "")
-        yield SettingRow(env, kind, _default(info, written.get(name)), doc, group)
+        yield SettingRow(
+            env, kind, _default(info, written.get(name)), doc, group or sections.get(name, "")
+        )
 
 
-def settings_markdown(model: type[BaseModel] | None = None) -> str:
+def settings_markdown(
+    model: type[BaseModel] | None = None, runtime: type[BaseModel] | bool | None = None
+) -> str:
+    """The settings page; ``runtime=False`` leaves out the runtime configuration section."""
     model = model or load("settings")
     rows = setting_rows(model)
     out = [
@@ -239,7 +278,7 @@ def settings_markdown(model: type[BaseModel] | None = None) -> str:
         ]
     groups: dict[str, list[SettingRow]] = {}
     for row in rows:
-        groups.setdefault(row.group.split(".")[0], []).append(row)
+        groups.setdefault(row.group, []).append(row)
     for group, members in groups.items():
         if group:
             out += [f"## {group}", ""]
@@ -249,7 +288,36 @@ def settings_markdown(model: type[BaseModel] | None = None) -> str:
             for r in members
         ]
         out.append("")
+    if runtime is not False:
+        out += runtime_config_lines(runtime or load("runtime_config"))
     return "\n".join(out)
+
+
+def runtime_config_lines(model: type[BaseModel]) -> list[str]:
+    """The runtime configuration document (in Redis, shared by every replica), which the
+    admin API reads and patches: policy, host capacity, the retention controller's inputs."""
+    docs, written = _docs(model), _source_defaults(model)
+    out = [
+        "## Runtime configuration (`PATCH /admin/config`)",
+        "",
+        "Not environment variables: one document in Redis, shared by every replica, read with",
+        "`GET /admin/config` and changed at run time with `PATCH /admin/config` (admin token;",
+        "only the fields sent change; a bad value is a 422 naming the field and changes",
+        f"nothing). Generated from `{model.__module__}:{model.__qualname__}`.",
+        "",
+        "| field | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for name, info in model.model_fields.items():
+        kind = type_name(info.annotation)
+        limits = _constraints(info)
+        if limits:
+            kind = f"{kind} ({limits})"
+        default = _default(info, written.get(name))
+        doc = info.description or docs.get(name, "")
+        out.append(f"| `{name}` | {_cell(kind)} | {_cell(default)} | {_cell(doc) or '—'} |")
+    out.append("")
+    return out
 
 
 # --- metrics ----------------------------------------------------------------------------

@@ -197,6 +197,7 @@ def test_sre_retention(served: Served) -> None:
     out = _run(served, "bash", str(EXAMPLES / "sre_retention.sh"))
     assert '"lambda_mode":"fixed"' in out.replace(" ", "")
     assert '"lambda_mode":"auto"' in out.replace(" ", "")
+    assert '"host_slots":425' in out.replace(" ", "")
 
 
 def test_claude_code_check(served: Served) -> None:

@@ -78,7 +78,7 @@ def test_a_model_without_a_delimiter_is_one_json_variable() -> None:
 
 
 def test_settings_page_groups_nested_settings() -> None:
-    page = gen_reference.settings_markdown(DemoSettings)
+    page = gen_reference.settings_markdown(DemoSettings, runtime=False)
     assert "## redis" in page and "## limits" in page
     assert "`DEMO_REDIS_TIMEOUT_S`" in page
     assert "2 settings have no comment" in page  # timeout_s and mode
