@@ -289,7 +289,9 @@ def settings_markdown(
         ]
         out.append("")
     if runtime is not False:
-        out += runtime_config_lines(runtime or load("runtime_config"))
+        out += runtime_config_lines(
+            runtime if isinstance(runtime, type) else load("runtime_config")
+        )
     return "\n".join(out)
 
 
