@@ -148,6 +148,14 @@ class Metrics:
             ["dialect", "field", "outcome"],
             registry=r,
         )
+        # Labels come from service.harness.profiles.HARNESS_FIELDS only (a fixed set).
+        self.harness_fields = Counter(
+            "tenure_harness_fields",
+            "Harness fields read from Claude Code, Codex and other harnesses' own traffic: "
+            "used, malformed (ignored) or unchecked (a version outside the trusted range)",
+            ["harness", "field", "outcome"],
+            registry=r,
+        )
         self.gap_observed = Histogram(
             "tenure_gap_observed_seconds", "Observed idle gaps between turns, by stop class",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
@@ -161,18 +169,8 @@ class Metrics:
             "Absolute error of the expected gap against the observed one",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
         )  # fmt: skip
-        self.lambda_estimate = Gauge(
-            "tenure_lambda_estimate_per_second",
-            "Offered rate of suspended sessions (the lambda of the host-TTL rule)",
-            registry=r,
-        )
         self.lambda_crit = Gauge(
             "tenure_lambda_crit_per_second", "Load above which host DRAM is scarce", registry=r
-        )
-        self.host_ttl = Gauge(
-            "tenure_host_ttl_seconds",
-            "Host TTL t2(lambda) given to suspended sessions now (-1 = retain indefinitely)",
-            registry=r,
         )
         # Push channel.
         self.push_adapters = Gauge(
