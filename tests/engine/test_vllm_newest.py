@@ -34,6 +34,7 @@ POLICY_TESTS = [
     "tests/engine/test_adapter_threads.py",
 ]
 
+
 def _overlay() -> Path | None:
     named = os.environ.get(_ENV)
     if named:
