@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,19 +24,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.api import admin, record_admin, retention_admin, sessions
-from service.api.asgi import SidecarApp
 from service.api.connections import push_security, redis_client, upstream_client
-from service.api.deps import Services
 from service.api.errors import api_error, unavailable
-from service.api.openapi import add_proxy_routes
-from service.api.proxy import Proxy
-from service.api.recorder import Recorder
-from service.api.retention import build_retention
-from service.api.runtime import Runtime
-from service.api.segment_tracker import SegmentTracker
-from service.api.spawns import load_ranker
+from service.api.proxy.pipeline import TRACKED, Proxy
+from service.api.retention.controller import build_retention
+from service.api.routes import admin, record_admin, retention_admin, sessions
+from service.api.routes.asgi import SidecarApp
+from service.api.routes.deps import Services
+from service.api.routes.openapi import add_proxy_routes
+from service.api.segments.spawns import load_ranker
+from service.api.segments.tracker import SegmentTracker
+from service.api.shapes.base import RouteShape
 from service.api.tenants import TenantResolver
+from service.api.turns.book import TurnBook
+from service.api.turns.recorder import Recorder
+from service.api.turns.runtime import Runtime
 from service.metrics import Metrics
 from service.push.server import PushServer
 from service.settings import Settings
@@ -101,15 +103,21 @@ def create_app(
             on_short_wait=lambda _acked: metrics.redis_wait_short.inc(),
         )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
+        push: PushServer | None = None
+
+        async def retention_changed() -> None:
+            # A branch change reaches every adapter at once, not at the next periodic snapshot.
+            if push is not None:
+                await push.broadcast_snapshot()
+
+        retention = build_retention(settings, store, metrics, clock, retention_changed)
         runtime = Runtime(
             store, metrics, gap_log_len=settings.gap_observations_maxlen,
-            tenants=tenants.names, clock=clock,
+            tenants=tenants.names, retention=retention, clock=clock,
         )  # fmt: skip
-        runtime.retention = retention = build_retention(settings, store, metrics, clock)
         await runtime.refresh(sample_states=True)
         upstream = upstream_client(settings, upstream_transport)
         tail_client: RedisClient | None = None
-        push: PushServer | None = None
         if settings.push_addr:
             # Blocking stream reads need their own connection and a longer socket timeout.
             tail_client = redis_client(settings, settings.redis_timeout_s + 5.0)
@@ -133,7 +141,6 @@ def create_app(
                 security=push_security(settings),
             )  # fmt: skip
             await push.start()
-            retention.on_change = push.broadcast_snapshot
         recorder = Recorder(
             # The keys' root (hash-tagged on a cluster: the recorder's script keys share a slot).
             client, keys.prefix, enabled=settings.record_enabled,
@@ -145,22 +152,14 @@ def create_app(
             if ranker is not None
             else None
         )
-        proxy = Proxy(
-            settings, store, runtime, metrics, upstream, tenants, clock, recorder, segments
-        )
+        # Built in the lifespan, so on the loop it serves.
+        turns = TurnBook(settings, store, runtime, metrics, clock, recorder, segments)
+        proxy = Proxy(settings, store, metrics, upstream, tenants, turns, recorder, segments)
         app.state.services = Services(
             settings=settings, store=store, runtime=runtime, metrics=metrics, tenants=tenants,
-            clock=clock, push=push, recorder=recorder, segments=segments, turns=proxy.turns,
+            clock=clock, push=push, recorder=recorder, segments=segments, turns=turns,
         )  # fmt: skip
         app.state.proxy = proxy
-        # The hot routes straight to the proxy's methods: no wrapper frame, no state lookup.
-        assert isinstance(app, SidecarApp)
-        app.fast_routes = {
-            "/v1/chat/completions": proxy.chat_completions,
-            "/v1/completions": proxy.completions,
-            "/v1/messages": proxy.messages,
-            "/v1/responses": proxy.responses,
-        }
 
         stopping = asyncio.Event()
 
@@ -242,35 +241,22 @@ def create_app(
         proxy: Proxy = request.app.state.proxy
         return proxy
 
-    async def chat_completions(request: Request) -> Response:
-        return await proxy_of(request).chat_completions(request)
+    def tracked(shape: RouteShape) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await proxy_of(request).tracked(request, shape)
 
-    async def completions(request: Request) -> Response:
-        return await proxy_of(request).completions(request)
+        return handle
 
     async def passthrough(request: Request) -> Response:
         return await proxy_of(request).passthrough(request)
 
-    async def messages(request: Request) -> Response:
-        return await proxy_of(request).messages(request)
-
-    async def responses(request: Request) -> Response:
-        return await proxy_of(request).responses(request)
-
-    # Plain Starlette routes (not FastAPI's): the proxy takes the raw request and returns a raw
-    # response, so FastAPI's dependency solving and serialisation would be pure overhead.
-    # POSTs to the two hot routes never reach the router (SidecarApp.fast_routes); the routes
-    # stay registered for the schema and for other methods (405).
-    app.fast_routes = {
-        "/v1/chat/completions": chat_completions,
-        "/v1/completions": completions,
-        "/v1/messages": messages,
-        "/v1/responses": responses,
-    }
-    app.router.routes.insert(0, Route("/v1/chat/completions", chat_completions, methods=["POST"]))
-    app.router.routes.insert(1, Route("/v1/completions", completions, methods=["POST"]))
-    app.router.routes.insert(2, Route("/v1/messages", messages, methods=["POST"]))
-    app.router.routes.insert(3, Route("/v1/responses", responses, methods=["POST"]))
+    # The route table, once: every tracked API's path to the one pipeline with its shape.
+    # POSTs to them never reach the router (SidecarApp.fast_routes, ahead of FastAPI's stack);
+    # they are registered too, as plain Starlette routes (the proxy takes the raw request and
+    # returns a raw response), for the schema and for other methods (405).
+    app.fast_routes = {shape.path: tracked(shape) for shape in TRACKED}
+    for position, (path, handler) in enumerate(app.fast_routes.items()):
+        app.router.routes.insert(position, Route(path, handler, methods=["POST"]))
     # Last, so /v1/sessions/... is matched by the lifecycle routes first.
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]

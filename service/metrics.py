@@ -161,18 +161,8 @@ class Metrics:
             "Absolute error of the expected gap against the observed one",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,
         )  # fmt: skip
-        self.lambda_estimate = Gauge(
-            "tenure_lambda_estimate_per_second",
-            "Offered rate of suspended sessions (the lambda of the host-TTL rule)",
-            registry=r,
-        )
         self.lambda_crit = Gauge(
             "tenure_lambda_crit_per_second", "Load above which host DRAM is scarce", registry=r
-        )
-        self.host_ttl = Gauge(
-            "tenure_host_ttl_seconds",
-            "Host TTL t2(lambda) given to suspended sessions now (-1 = retain indefinitely)",
-            registry=r,
         )
         # Push channel.
         self.push_adapters = Gauge(

@@ -11,7 +11,7 @@ import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.settings_values import (
@@ -35,9 +35,12 @@ class SettingsError(ValueError):
 class TenantSpec(BaseModel):
     """One tenant: the name its session ids are scoped by, and its per-tenant switches."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     name: str
-    #: Infer sessions from message-prefix hashes when a request carries no session header.
+    """The tenant's name: its session ids and metrics are scoped by it."""
     infer_sessions: bool = True
+    """Infer sessions from message-prefix hashes when a request carries no session header."""
 
     @field_validator("name")
     @classmethod
@@ -48,158 +51,210 @@ class TenantSpec(BaseModel):
 
 
 class Settings(BaseSettings):
-    """Everything ``tenure serve`` reads from the environment."""
+    """Everything ``tenure serve`` reads from the environment, by concern.
 
-    model_config = SettingsConfigDict(env_prefix="TENURE_", extra="ignore", frozen=True)
+    Each field is read from ``TENURE_<FIELD NAME>`` and documented by the docstring under it
+    (``Settings.model_fields[name].description``, which the reference is generated from; a
+    test fails on a field without one).
+    """
 
+    model_config = SettingsConfigDict(
+        env_prefix="TENURE_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
+
+    # --- server: the HTTP server, its connections, the admin API (service.api.routes.server) -
     host: str = "127.0.0.1"
+    """Address the HTTP server binds (``tenure serve``)."""
     port: int = Field(default=8000, ge=0, le=65535)
-    #: The OpenAI-compatible engine (vLLM) the proxy forwards to.
-    upstream_url: str = "http://127.0.0.1:8001"
-    #: Replaces the caller's ``Authorization`` upstream when set (vLLM ``--api-key``).
-    upstream_api_key: SecretStr | None = None
-    #: HTTP client for the upstream hop: ``raw`` (asyncio + httptools, the fastest),
-    #: ``aiohttp`` or ``httpx``.
-    upstream_client: Literal["raw", "aiohttp", "httpx"] = "raw"
-    upstream_connect_timeout_s: float = Field(default=5.0, gt=0, le=600)
-    #: Longest silence allowed between upstream bytes (a long generation streams, so this is
-    #: a read timeout, not a whole-request deadline).
-    upstream_read_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
-    upstream_max_connections: int = Field(default=256, ge=1, le=100_000)
-    #: Largest request body accepted (bytes); bigger bodies get 413 and are not forwarded.
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
-
-    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
-    #: All keys live under this prefix (several deployments can share one Redis).
-    redis_prefix: str = "tenure"
-    redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
-    #: The proxy's two per-request scripts over one pipelined connection (plain TCP URLs);
-    #: false = through redis-py's pool, as every other call.
-    redis_multiplex: bool = True
-    #: Forward a request of a session this replica has seen before Redis has counted its turn
-    #: (the script runs meanwhile; the forwarded turn number is this replica's forecast of
-    #: Redis's count, see ``service.api.turns``); false = wait for Redis, then forward.
-    early_forward: bool = True
-    #: Segment tracking for lifetime-aware KV placement (the engine's ``tenure-fs`` tier):
-    #: every tracked request of a named session carries its role, parent, the worker ranker's
-    #: prediction and its segments in ``kv_transfer_params.tenure`` (``service.api.segments``).
-    #: Costs one Redis read per turn (and a ``/tokenize`` call for turns with reasoning).
-    segments: bool = False
-    #: Declare a reasoning turn's generation a reasoning segment before it is generated, its
-    #: start counted with the engine's ``/tokenize`` (exact; one extra upstream round trip).
-    #: Only useful when the engine offloads generated blocks (``offload_prompt_only: false``;
-    #: vLLM 0.32 offloads prompt blocks only by default, so carried reasoning, which comes back
-    #: inside a prompt, is what reaches its tiers and is split either way).
-    segment_tokenize: bool = False
-    #: A ``tenure train-ranker`` artefact for the worker ranker; empty = the type heuristic.
-    worker_ranker: str = ""
-    #: After a Redis failure, skip Redis for this long before trying again (fail fast).
-    redis_retry_after_s: float = Field(default=1.0, gt=0, le=300)
-    #: Redis Sentinels as ``host:port,host:port``: connect to the master they name
-    #: (``redis_sentinel_master``) and follow failovers; the URL then gives only the database
-    #: and the data nodes' credentials. Empty: connect to the URL's server.
-    redis_sentinels: str = ""
-    redis_sentinel_master: str = "tenure"
-    redis_sentinel_password: SecretStr | None = None
-    #: Redis Cluster: the URL names any node; keys are hash-tagged into one slot.
-    redis_cluster: bool = False
-    #: Put every key in one hash slot (``{prefix}:...``). On by default with ``redis_cluster``;
-    #: changing it on an existing Redis renames every key: run ``tenure state migrate-keys``.
-    redis_hash_tag: bool | None = None
-    #: After each hot-path script, ``WAIT`` for this many replicas to acknowledge it (up to
-    #: ``redis_wait_timeout_ms``): no acknowledged turn is lost by a failover, at the cost of
-    #: one replication round trip per request. 0: asynchronous replication (Redis's default).
-    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
-    redis_wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
-    #: Finished sessions stay readable this long, then expire.
-    finished_ttl_s: int = Field(default=3600, ge=1)
-    #: Idle sessions with no activity expire after this long.
-    session_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
-    decision_stream_maxlen: int = Field(default=10_000, ge=100)
-    wait_samples_maxlen: int = Field(default=4096, ge=16)
-    gap_observations_maxlen: int = Field(default=2048, ge=16)
-    # --- the online host-retention controller (service.api.retention) ---------------------
-    #: Re-choose each tenant's host branch (retain / ttl) this often, seconds.
-    retention_period_s: float = Field(default=900.0, gt=0, le=86_400)
-    #: Observed approval waits a tenant needs before its branch is first re-chosen.
-    retention_min_samples: int = Field(default=200, ge=1, le=100_000)
-    #: The challenger branch must be cheaper by this fraction to take over (hysteresis).
-    retention_margin: float = Field(default=0.05, ge=0, lt=1)
-    #: Suspension-rate estimator (``window:S``, ``decay:S``, ``changepoint:S``).
-    retention_estimator: str = "changepoint:300"
-    #: Suspensions and resumes kept per tenant in Redis (the controller's window).
-    retention_window: int = Field(default=2000, ge=16, le=100_000)
-    #: The replica holding the controller lease re-chooses; the lease lasts this long.
-    retention_lease_s: float = Field(default=30.0, gt=0, le=3600)
-
-    #: Bearer token for ``/admin``; the service refuses to start without one unless
-    #: ``dev_mode`` is set explicitly.
-    admin_token: SecretStr = SecretStr("")
-    dev_mode: bool = False
-
-    #: API key -> tenant, as JSON: ``{"sk-abc": {"name": "acme", "infer_sessions": true}}``.
-    #: Empty: every caller is the ``default`` tenant. Keys are kept only as ``sha256:<hex>``
-    #: digests (a key may be given in that form too), so no dump or repr holds one. With
-    #: tenants configured the caller's key is never forwarded upstream.
-    tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)
-    default_tenant: TenantSpec = TenantSpec(name="default")
-
-    # --- client connections (uvicorn; see service.api.server) -------------------------------
-    #: An idle keep-alive connection is closed after this long without a new request.
+    """Port the HTTP server listens on."""
     http_keepalive_timeout_s: float = Field(default=5.0, gt=0, le=3600)
-    #: A request's head (request line and headers) must arrive within this long of its
-    #: first byte, or of the connection opening: idle and half-sent connections are closed.
+    """An idle keep-alive connection is closed after this long without a new request."""
     http_header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    #: Once the head is in, the whole request body must arrive within this long.
+    """A request's head (request line and headers) must arrive within this long of its first byte,
+    or of the connection opening: idle and half-sent connections are closed.
+    """
     http_body_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
-    #: A request head larger than this is answered 431 and the connection closed.
+    """Once the head is in, the whole request body must arrive within this long."""
     http_max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
-    #: Open client connections at most (also capped by the process's file-descriptor limit).
-    #: At the cap, the longest-idle connections that carry no request are closed first, so
-    #: idle or half-sent connections never lock out a request.
+    """A request head larger than this is answered 431 and the connection closed."""
     http_max_connections: int = Field(default=4096, ge=8, le=1_000_000)
-    #: Largest body of a lifecycle or admin request (bytes); bigger ones get 413.
+    """Open client connections at most (also capped by the process's file-descriptor limit). At the
+    cap, the longest-idle connections that carry no request are closed first, so idle or half-sent
+    connections never lock out a request.
+    """
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Largest body of a lifecycle or admin request (bytes); bigger ones get 413."""
+    admin_token: SecretStr = SecretStr("")
+    """Bearer token for ``/admin``; the service refuses to start without one unless ``dev_mode`` is
+    set explicitly.
+    """
+    dev_mode: bool = False
+    """Run without an admin token (local development only: the admin routes are then open)."""
 
-    # --- push channel ----------------------------------------------------------------------
-    #: Push channel (ZeroMQ ROUTER) address; empty disables the channel.
-    push_addr: str = "tcp://127.0.0.1:5557"
-    push_snapshot_interval_s: float = Field(default=10.0, gt=0, le=3600)
-    #: CURVE secret key of the sidecar (Z85, 40 characters; ``zmq.curve_keypair()``): the
-    #: channel is encrypted and adapters authenticate the sidecar by its public key.
-    push_curve_secret_key: SecretStr | None = None
-    #: Adapters allowed to connect, as JSON ``{"engine-0": "<Z85 public key>"}`` (needs
-    #: ``push_curve_secret_key``). The name is the adapter's label in metrics; empty = any
-    #: adapter that knows the sidecar's public key may connect.
-    push_curve_client_keys: dict[str, str] = Field(default_factory=dict)
-    #: Permissions of an ``ipc://`` socket file (octal, e.g. ``600`` or ``660``): who may
-    #: connect is who may open the file.
-    push_ipc_mode: int = Field(default=0o600, ge=0, le=0o777)
-    #: Allow a non-loopback ``tcp://`` push address without CURVE (a trusted private network
-    #: only: every peer that can connect reads all tenants' decisions).
-    push_insecure: bool = False
-    #: Engine ids adapters may report under (``TENURE_ENGINE_ID`` / ``tenure_engine_id`` on
-    #: each engine), comma-separated: their labels in per-engine metrics and
-    #: ``/admin/engines``; any other id is ``other``. Empty: the first ids heard, bounded.
-    push_engine_ids: str = ""
-    #: Adapters tracked at once (peers beyond it are ignored until one goes silent).
-    push_max_adapters: int = Field(default=64, ge=1, le=10_000)
-    #: How often each replica reloads runtime config and the learned gap model from Redis.
-    refresh_interval_s: float = Field(default=2.0, gt=0, le=3600)
-    #: Headers set on forwarded requests to the session's tenant-scoped id, for a router in
-    #: front of several engines (comma-separated): ``X-Session-ID`` for vllm-router's
-    #: ``consistent_hash``, ``x-session-token`` for llm-d, ``x-dynamo-session-id`` for
-    #: Dynamo. Empty (the single-engine default): none.
+    # --- tenants: API keys and the tenants they select (service.api.tenants) ----------------------
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)
+    """API key -> tenant, as JSON: ``{"sk-abc": {"name": "acme", "infer_sessions": true}}``. Empty:
+    every caller is the ``default`` tenant. Keys are kept only as ``sha256:<hex>`` digests (a key
+    may be given in that form too), so no dump or repr holds one. With tenants configured the
+    caller's key is never forwarded upstream.
+    """
+    default_tenant: TenantSpec = TenantSpec(name="default")
+    """The tenant of every caller when no ``tenants`` are configured."""
+
+    # --- upstream: the engine the proxy forwards to (service.api.upstream) ------------------------
+    upstream_url: str = "http://127.0.0.1:8001"
+    """The OpenAI-compatible engine (vLLM) the proxy forwards to."""
+    upstream_api_key: SecretStr | None = None
+    """Replaces the caller's ``Authorization`` upstream when set (vLLM ``--api-key``)."""
+    upstream_client: Literal["raw", "aiohttp", "httpx"] = "raw"
+    """HTTP client for the upstream hop: ``raw`` (asyncio + httptools, the fastest), ``aiohttp`` or
+    ``httpx``.
+    """
+    upstream_connect_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Longest wait to open a connection to the upstream, seconds."""
+    upstream_read_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    """Longest silence allowed between upstream bytes (a long generation streams, so this is a read
+    timeout, not a whole-request deadline).
+    """
+    upstream_max_connections: int = Field(default=256, ge=1, le=100_000)
+    """Connections to the upstream kept open at most (the pool size)."""
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (bytes); bigger bodies get 413 and are not forwarded."""
     upstream_session_headers: str = ""
+    """Headers set on forwarded requests to the session's tenant-scoped id, for a router in front of
+    several engines (comma-separated): ``X-Session-ID`` for vllm-router's ``consistent_hash``,
+    ``x-session-token`` for llm-d, ``x-dynamo-session-id`` for Dynamo. Empty (the single-engine
+    default): none.
+    """
+    early_forward: bool = True
+    """Forward a request of a session this replica has seen before Redis has counted its turn (the
+    script runs meanwhile; the forwarded turn number is this replica's forecast of Redis's count,
+    see ``service.api.turns.forecasts``); false = wait for Redis, then forward.
+    """
 
-    # --- recording (service.api.recorder; off by default) ----------------------------------
-    #: Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from
-    #: start-up; ``PUT /admin/record`` switches it at run time.
+    # --- redis: the state store and its topology (service.state) ----------------------------------
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    """Redis URL (``redis://``, ``rediss://`` or ``unix://``); with Sentinels only its database and
+    credentials are used.
+    """
+    redis_prefix: str = "tenure"
+    """All keys live under this prefix (several deployments can share one Redis)."""
+    redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    """Socket timeout of one Redis call, seconds: a slower answer counts as Redis down (fail open).
+    """
+    redis_multiplex: bool = True
+    """The proxy's two per-request scripts over one pipelined connection (plain TCP URLs); false =
+    through redis-py's pool, as every other call.
+    """
+    redis_retry_after_s: float = Field(default=1.0, gt=0, le=300)
+    """After a Redis failure, skip Redis for this long before trying again (fail fast)."""
+    redis_sentinels: str = ""
+    """Redis Sentinels as ``host:port,host:port``: connect to the master they name
+    (``redis_sentinel_master``) and follow failovers; the URL then gives only the database and the
+    data nodes' credentials. Empty: connect to the URL's server.
+    """
+    redis_sentinel_master: str = "tenure"
+    """The master name the Sentinels know the Redis by."""
+    redis_sentinel_password: SecretStr | None = None
+    """Password of the Sentinels themselves (the data nodes' is in the URL)."""
+    redis_cluster: bool = False
+    """Redis Cluster: the URL names any node; keys are hash-tagged into one slot."""
+    redis_hash_tag: bool | None = None
+    """Put every key in one hash slot (``{prefix}:...``). On by default with ``redis_cluster``;
+    changing it on an existing Redis renames every key: run ``tenure state migrate-keys``.
+    """
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
+    """After each hot-path script, ``WAIT`` for this many replicas to acknowledge it (up to
+    ``redis_wait_timeout_ms``): no acknowledged turn is lost by a failover, at the cost of one
+    replication round trip per request. 0: asynchronous replication (Redis's default).
+    """
+    redis_wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    """How long a ``WAIT`` for ``redis_wait_replicas`` waits at most, milliseconds."""
+
+    # --- sessions: how long records live and how much history is kept -----------------------------
+    finished_ttl_s: int = Field(default=3600, ge=1)
+    """Finished sessions stay readable this long, then expire."""
+    session_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    """Idle sessions with no activity expire after this long."""
+    decision_stream_maxlen: int = Field(default=10_000, ge=100)
+    """Decisions kept in the Redis decision stream the push server tails (approximate trim)."""
+    wait_samples_maxlen: int = Field(default=4096, ge=16)
+    """Observed approval waits kept in Redis (the retention calibration samples)."""
+    gap_observations_maxlen: int = Field(default=2048, ge=16)
+    """Observed idle gaps kept per tenant in Redis (what the gap predictor learns from)."""
+    refresh_interval_s: float = Field(default=2.0, gt=0, le=3600)
+    """How often each replica reloads runtime config and the learned gap model from Redis."""
+
+    # --- retention: the online host-retention controller (service.api.retention.controller) -------
+    retention_period_s: float = Field(default=900.0, gt=0, le=86_400)
+    """Re-choose each tenant's host branch (retain / ttl) this often, seconds."""
+    retention_min_samples: int = Field(default=200, ge=1, le=100_000)
+    """Observed approval waits a tenant needs before its branch is first re-chosen."""
+    retention_margin: float = Field(default=0.05, ge=0, lt=1)
+    """The challenger branch must be cheaper by this fraction to take over (hysteresis)."""
+    retention_estimator: str = "changepoint:300"
+    """Suspension-rate estimator (``window:S``, ``decay:S``, ``changepoint:S``)."""
+    retention_window: int = Field(default=2000, ge=16, le=100_000)
+    """Suspensions and resumes kept per tenant in Redis (the controller's window)."""
+    retention_lease_s: float = Field(default=30.0, gt=0, le=3600)
+    """The replica holding the controller lease re-chooses; the lease lasts this long."""
+
+    # --- segments: segment tracking and the worker ranker (service.api.segments) ------------------
+    segments: bool = False
+    """Segment tracking for lifetime-aware KV placement (the engine's ``tenure-fs`` tier): every
+    tracked request of a named session carries its role, parent, the worker ranker's prediction and
+    its segments in ``kv_transfer_params.tenure`` (``service.api.segments.split``). Costs one Redis
+    read per turn (and a ``/tokenize`` call for turns with reasoning).
+    """
+    segment_tokenize: bool = False
+    """Declare a reasoning turn's generation a reasoning segment before it is generated, its start
+    counted with the engine's ``/tokenize`` (exact; one extra upstream round trip). Only useful when
+    the engine offloads generated blocks (``offload_prompt_only: false``; vLLM 0.32 offloads prompt
+    blocks only by default, so carried reasoning, which comes back inside a prompt, is what reaches
+    its tiers and is split either way).
+    """
+    worker_ranker: str = ""
+    """A ``tenure train-ranker`` artefact for the worker ranker; empty = the type heuristic."""
+
+    # --- push: the push channel to the engine adapters (service.push) -----------------------------
+    push_addr: str = "tcp://127.0.0.1:5557"
+    """Push channel (ZeroMQ ROUTER) address; empty disables the channel."""
+    push_snapshot_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    """How often the push server sends every adapter a full snapshot, seconds."""
+    push_curve_secret_key: SecretStr | None = None
+    """CURVE secret key of the sidecar (Z85, 40 characters; ``zmq.curve_keypair()``): the channel is
+    encrypted and adapters authenticate the sidecar by its public key.
+    """
+    push_curve_client_keys: dict[str, str] = Field(default_factory=dict)
+    """Adapters allowed to connect, as JSON ``{"engine-0": "<Z85 public key>"}`` (needs
+    ``push_curve_secret_key``). The name is the adapter's label in metrics; empty = any adapter that
+    knows the sidecar's public key may connect.
+    """
+    push_ipc_mode: int = Field(default=0o600, ge=0, le=0o777)
+    """Permissions of an ``ipc://`` socket file (octal, e.g. ``600`` or ``660``): who may connect is
+    who may open the file.
+    """
+    push_insecure: bool = False
+    """Allow a non-loopback ``tcp://`` push address without CURVE (a trusted private network only:
+    every peer that can connect reads all tenants' decisions).
+    """
+    push_engine_ids: str = ""
+    """Engine ids adapters may report under (``TENURE_ENGINE_ID`` / ``tenure_engine_id`` on each
+    engine), comma-separated: their labels in per-engine metrics and ``/admin/engines``; any other
+    id is ``other``. Empty: the first ids heard, bounded.
+    """
+    push_max_adapters: int = Field(default=64, ge=1, le=10_000)
+    """Adapters tracked at once (peers beyond it are ignored until one goes silent)."""
+
+    # --- recording: the traffic recording, off by default (service.api.turns.recorder) ------------
     record_enabled: bool = False
-    #: The recording's size bound in Redis (bytes); turns beyond it are dropped and counted.
+    """Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from start-
+    up; ``PUT /admin/record`` switches it at run time.
+    """
     record_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=16 * 1024**3)
-    #: Request bytes per prefix hash (the granularity of the recorded prefix structure).
+    """The recording's size bound in Redis (bytes); turns beyond it are dropped and counted."""
     record_chunk_bytes: int = Field(default=256, ge=16, le=1024 * 1024)
+    """Request bytes per prefix hash (the granularity of the recorded prefix structure)."""
 
     @field_validator("retention_estimator")
     @classmethod

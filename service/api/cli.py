@@ -22,7 +22,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from service.api.server import uvicorn_config
+    from service.api.routes.server import uvicorn_config
     from service.app import create_app
     from service.errors import UsageError
     from service.settings import SettingsError, load_settings

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import httpx
 
-from service.api.raw_upstream import RawUpstream
-from service.api.upstream_client import AiohttpUpstream, HttpxUpstream, UpstreamClient
+from service.api.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
+from service.api.upstream.raw import RawUpstream
 from service.push.security import PushSecurity
 from service.settings import Settings
 from service.settings_values import parse_sentinels

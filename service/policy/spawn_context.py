@@ -13,7 +13,7 @@ derived here once, from two small facts both sides observe:
 
 The replay reads them from a trace (:mod:`service.replay.loaders.claude_code_meta`: ``in``,
 ``out``, ``output_types``, ``input_types``, ``think_time``, each sub-agent's ``t`` and
-lifetime); the sidecar from what it proxies (:mod:`service.api.segment_lifecycle`: the
+lifetime); the sidecar from what it proxies (:mod:`service.api.segments.tracker`: the
 response's usage and reasoning, the request's last messages, its own clock, counters in Redis).
 Pure: no I/O, no clock reads.
 """

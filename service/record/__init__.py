@@ -4,5 +4,6 @@
 of the request's bytes, token counts from the response's usage, session ids hashed per tenant);
 :mod:`service.record.canonical` turns a recording into the ``tenure-sessions`` format that
 ``tenure replay ladder --format canonical`` replays. Both are pure; the sidecar's hook and the
-bounded Redis log are :mod:`service.api.recorder`, the export command :mod:`service.record.cli`.
+bounded Redis log are :mod:`service.api.turns.recorder`, the export command
+:mod:`service.record.cli`.
 """

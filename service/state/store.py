@@ -4,15 +4,19 @@ All writes go through the atomic scripts in :mod:`service.state.scripts`; keys c
 :mod:`service.state.keys`. Every call is guarded by a :class:`~service.state.breaker.Breaker`,
 so when Redis is down callers get :class:`StateUnavailable` at once (and fail open or answer
 503) instead of waiting on timeouts, and the first call after the retry delay probes recovery.
+
+Besides the per-request path: the reads and writes that feed the online models (gap
+observations, waits, the engines' residency summaries) and the admin's runtime config document.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
@@ -22,6 +26,7 @@ from service.state.breaker import Breaker, StateUnavailable
 from service.state.keys import Keys, scoped_session_id
 from service.state.multiplex import MultiplexedScripts
 from service.state.records import (
+    GapObservation,
     SessionExists,
     SessionNotFound,
     SessionUpdate,
@@ -30,19 +35,21 @@ from service.state.records import (
     parse_observation,
     text,
 )
-from service.state.samples import SamplesAndConfig
 from service.state.scripts import ApplyStatus, RollbackStatus
 from service.state.topology import RedisClient
 from service.wire.decision_codec import decision_body, decision_parts, decode_decision
 from service.wire.push import Decision
 from service.wire.session_record import RecordField, SessionRecord
 
-__all__ = ["StateStore", "StateUnavailable"]
+__all__ = ["YIELD_EVERY", "StateStore", "StateUnavailable"]
 
 T = TypeVar("T")
+#: Long sample lists are parsed (and models rebuilt from them) in slices of this many, yielding
+#: to the event loop between: thousands at once held every proxied request for milliseconds.
+YIELD_EVERY = 256
 
 
-class StateStore(SamplesAndConfig):
+class StateStore:
     """Async access to everything the sidecar keeps in Redis."""
 
     def __init__(
@@ -362,6 +369,128 @@ class StateStore(SamplesAndConfig):
 
     async def ping(self) -> bool:
         return bool(await self._call("ping", self.client.ping))
+
+    # --- samples and the runtime config (off the per-request path) -----------------------
+
+    async def gap_observations(self, tenant: str, count: int) -> list[GapObservation]:
+        """Observed gaps, oldest first (the order the predictor must learn them in)."""
+        key = self.keys.gap_observations(tenant)
+        raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
+        out: list[GapObservation] = []
+        for i, item in enumerate(reversed(raw)):
+            observation = parse_observation(item)
+            if observation is not None:
+                out.append(observation)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # thousands of entries: let proxied requests through
+        return out
+
+    async def gap_log_head(self, tenant: str) -> tuple[int, str]:
+        """``(length, newest entry)`` of the gap log: cheap change detection for refreshes."""
+        key = self.keys.gap_observations(tenant)
+
+        async def fetch() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.llen(key)
+                pipe.lindex(key, 0)
+                return list(await pipe.execute())
+
+        length, head = await self._call("gap_observations", fetch)
+        return int(length), text(head) if head is not None else ""
+
+    async def float_samples(self, which: str, count: int) -> list[float]:
+        """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
+        key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
+        raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
+        out = []
+        for i, item in enumerate(raw):
+            try:
+                out.append(float(text(item)))
+            except ValueError:
+                continue
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        return out
+
+    async def add_wait_samples(self, waits: Sequence[float]) -> int:
+        key, limit = self.keys.waits, self.limits.wait_samples_maxlen
+
+        async def push() -> list[Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.lpush(key, *(repr(float(w)) for w in waits))
+                pipe.ltrim(key, 0, limit - 1)
+                pipe.llen(key)
+                return list(await pipe.execute())
+
+        result = await self._call("waits", push)
+        return int(result[-1])
+
+    # --- runtime configuration --------------------------------------------------------------
+
+    async def get_config(self) -> dict[str, Any] | None:
+        key = self.keys.config
+        raw = await self._call("config", lambda: self.client.get(key))
+        if raw is None:
+            return None
+        value = msgspec.json.decode(raw)
+        return value if isinstance(value, dict) else None
+
+    async def update_config(
+        self, mutate: Callable[[dict[str, Any] | None], Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """Optimistic read-modify-write of the config document (WATCH / MULTI)."""
+        key = self.keys.config
+
+        async def transact() -> dict[str, Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(key)
+                        raw = await pipe.get(key)
+                        current = msgspec.json.decode(raw) if raw is not None else None
+                        updated = dict(mutate(current if isinstance(current, dict) else None))
+                        pipe.multi()  # type: ignore[no-untyped-call]
+                        pipe.set(key, msgspec.json.encode(updated))
+                        await pipe.execute()
+                        return updated
+                    except aioredis.WatchError:
+                        continue
+
+        return await self._call("config", transact)
+
+    # --- engines (several behind a router) -----------------------------------------------
+
+    async def record_engine(self, engine: str, summary: Mapping[str, Any], moves: int) -> None:
+        """The newest residency summary of ``engine`` (a bounded label), and its moves."""
+        k = self.keys
+
+        async def write() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(k.engines, engine, msgspec.json.encode(summary))
+                if moves > 0:
+                    pipe.hincrby(k.engine_moves, engine, moves)
+                await pipe.execute()
+
+        await self._call("engines", write)
+
+    async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
+        """``(engine, newest summary, sessions moved to it)`` of every engine ever reported."""
+        k = self.keys
+
+        async def read() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(k.engines)
+                pipe.hgetall(k.engine_moves)
+                return list(await pipe.execute())
+
+        summaries, moves = await self._call("engines", read)
+        counts = {text(name): int(value) for name, value in moves.items()}
+        out = []
+        for name, raw in sorted(summaries.items()):
+            summary = msgspec.json.decode(raw)
+            if isinstance(summary, dict):
+                out.append((text(name), summary, counts.get(text(name), 0)))
+        return out
 
 
 def _score(value: float | None) -> str:

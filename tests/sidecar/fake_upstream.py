@@ -48,6 +48,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    #: The query string it came with (``""``: none).
+    query: str = ""
 
 
 @dataclass
@@ -75,7 +77,9 @@ class FakeUpstream:
         except ValueError:
             body = raw
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        self.received.append(Received(scope["path"], headers, body))
+        self.received.append(
+            Received(scope["path"], headers, body, scope.get("query_string", b"").decode())
+        )
         if scope["path"] == "/tokenize" and isinstance(body, dict):
             await _json(send, 200, {"count": prompt_tokens(body.get("messages") or [])})
             return

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from engine_adapter.tags import parse_tags
-from service.api import dialects
-from service.api.hints import Hints
+from service.api.hints import dialects
+from service.api.hints.tenure import Hints
 
 MESSAGES = [{"role": "user", "content": "plan the refactor"}]
 

@@ -90,7 +90,9 @@ def test_host_ttl_under_congestion(client):
     assert body["host_ttl_s"] == pytest.approx(expected, rel=1e-6)
     assert body["reason"] == "host_ttl"
     metrics = client.get("/metrics").text
-    assert "tenure_host_ttl_seconds" in metrics
+    # The TTL given is exported per tenant (the global tenure_host_ttl_seconds of the dead
+    # estimator is gone).
+    assert 'tenure_retention_host_ttl_seconds{tenant="default"}' in metrics
 
 
 def test_spawn_worker_links_parent_and_child(client):
@@ -279,7 +281,7 @@ def test_a_call_after_the_answer_sees_its_turn_recorded(sidecar_factory, monkeyp
     session after the last turn reads it finished."""
     import asyncio
 
-    from service.api.turn_book import TurnBook
+    from service.api.turns.book import TurnBook
 
     original = TurnBook._record_turn_end
 

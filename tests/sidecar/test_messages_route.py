@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import pytest
 
-from service.api.messages import inspect, session_from_user_id
+from service.api.shapes.messages import inspect, session_from_user_id
 from service.policy.gap import DEFAULT_PRIOR_S
 
 TOOL_GAP = DEFAULT_PRIOR_S["tool"]

@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 
-from service.api.raw_upstream import RawUpstream
-from service.api.upstream_client import UpstreamError
+from service.api.upstream.client import UpstreamError
+from service.api.upstream.raw import RawUpstream
 from service.state.connection import HiredisPackedConnection
 
 _Handler = Callable[["_Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -234,8 +234,8 @@ def test_messages_and_responses_turns_are_recorded_and_replay(
 def test_responses_continuations_stay_per_tenant_and_bounded(monkeypatch: Any) -> None:
     """A chained Responses request continues only its own tenant's answer, and what a
     replica keeps for continuations is bounded (oldest answers go first)."""
-    from service.api import recorder as rec
-    from service.api.hints import Hints
+    from service.api.hints.tenure import Hints
+    from service.api.turns import recorder as rec
 
     class _Client:
         def register_script(self, script: str) -> None:

@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from service.api.retention import RetentionControl
-from service.api.retention_types import RetentionKnobs
+from service.api.retention.controller import RetentionControl
+from service.api.retention.types import RetentionKnobs
 from service.metrics import Metrics
 from service.policy.retention import PriceVector, alpha2, host_ttl_seconds
 from service.settings import TenantSpec

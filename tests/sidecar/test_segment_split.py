@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from service.api.segment_facts import (
+from service.api.segments.facts import (
     ResponseFacts,
     StreamFacts,
     carried_reasoning,
     reasoning_digest,
     response_facts,
 )
-from service.api.segment_state import MAX_SPANS, SegmentState, Span, StateDecodeError
-from service.api.segments import split_turn
+from service.api.segments.split import split_turn
+from service.api.segments.state import MAX_SPANS, SegmentState, Span, StateDecodeError
 from service.policy.segments import SegmentClass, SessionRole
 from service.wire.segments import parse_segment_tags
 

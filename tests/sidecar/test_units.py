@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import redis.exceptions
 
-from service.api.hints import MAX_GAP_S, HintError, Hints, parse_hints
-from service.api.inference import LOOKBACK, prefix_digests
+from service.api.hints.inference import LOOKBACK, prefix_digests
+from service.api.hints.tenure import MAX_GAP_S, HintError, Hints, parse_hints
 from service.api.tenants import TenantResolver
-from service.api.upstream import (
+from service.api.upstream.relay import (
     _WATCH_AFTER_S,
     ClientGone,
     ProxiedResponse,

@@ -1,0 +1,1 @@
+"""The tracked request pipeline every proxied route runs through, and the passthrough."""

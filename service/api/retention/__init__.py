@@ -1,0 +1,1 @@
+"""Retention: the per-tenant host-TTL controllers and their types."""

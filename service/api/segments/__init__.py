@@ -1,0 +1,1 @@
+"""Segments and spawns: reasoning and sub-agent segments of a session, split, placed and tracked."""

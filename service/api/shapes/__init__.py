@@ -1,0 +1,1 @@
+"""One shape per tracked API (chat, completions, messages, responses): only what differs."""
