@@ -32,12 +32,12 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.replay.hardware import GB, HardwareProfile, get_profile
+GB = 1e9
 
 __all__ = [
     "LLAMA31_8B_CONFIG",
@@ -368,9 +368,15 @@ def _fits(
 
 
 def measure_gpu_profile(
-    plan: GpuProfilePlan, say: Callable[[str], None] = lambda _line: None
+    plan: GpuProfilePlan,
+    spec: Mapping[str, Any],
+    say: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
-    """Run every measurement of ``plan`` and return the profile document (see module doc)."""
+    """Run every measurement of ``plan`` and return the profile document (see module doc).
+
+    ``spec``: the public-spec profile's fields (``plan.spec_profile``, a replay
+    ``HardwareProfile`` as a dict); the result keeps its facts and replaces its efficiencies.
+    """
     import torch
 
     if plan.device.startswith("cuda") and not torch.cuda.is_available():
@@ -391,23 +397,21 @@ def measure_gpu_profile(
             torch.cuda.empty_cache()
         transfers = _measure_transfers(torch, plan, timer, say)
     fits = _fits(facts, prefill, decode, transfers)
-    spec = get_profile(plan.spec_profile)
     device_name = (
         torch.cuda.get_device_name(0) if plan.device.startswith("cuda") else "cpu (dry run)"
     )
-    profile = asdict(spec)
+    profile = dict(spec)
     load_bw = fits["load_bandwidth"]
     profile.update(
         name=plan.name,
-        description=f"measured on {device_name}: {spec.description}",
+        description=f"measured on {device_name}: {spec['description']}",
         # Public peaks stay; the measured part is how much of each the kernels reach.
-        mfu=min(1.0, fits["effective_flops"] / spec.bf16_dense_flops_per_gpu),
-        hbm_efficiency=min(1.0, fits["effective_hbm_bandwidth"] / spec.hbm_bandwidth_per_gpu),
-        pcie_efficiency=min(1.0, load_bw / spec.pcie_bandwidth_per_gpu),
+        mfu=min(1.0, fits["effective_flops"] / spec["bf16_dense_flops_per_gpu"]),
+        hbm_efficiency=min(1.0, fits["effective_hbm_bandwidth"] / spec["hbm_bandwidth_per_gpu"]),
+        pcie_efficiency=min(1.0, load_bw / spec["pcie_bandwidth_per_gpu"]),
         step_overhead_s=max(0.0, fits["decode_overhead_s"]),
         transfer_latency_s=max(0.0, fits["load_latency_s"]),
     )
-    HardwareProfile(**profile)  # every field present and typed
     return {
         "format": "tenure-hardware-profile/1",
         "profile": profile,

@@ -83,18 +83,19 @@ def _say(line: str) -> None:
 
 
 def run_gpu(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     from service.calibrate.gpu_profile import GpuProfilePlan, measure_gpu_profile, write_profile
-    from service.replay.hardware import PROFILE_DIR, get_profile
+    from service.replay.hardware import PROFILE_DIR, HardwareProfile, get_profile
 
     plan = GpuProfilePlan.cpu_dry_run() if args.cpu_dry_run else GpuProfilePlan()
-    get_profile(args.spec_profile)  # an unknown name fails before any measuring
+    spec = asdict(get_profile(args.spec_profile))  # an unknown name fails before measuring
     plan = replace(plan, spec_profile=args.spec_profile, name=args.name or plan.name)
     out = args.out if args.out is not None else PROFILE_DIR
     if not out.is_dir():
         raise UsageError(f"--out {out}: not a directory")
-    document = measure_gpu_profile(plan, say=_say)
+    document = measure_gpu_profile(plan, spec, say=_say)
+    HardwareProfile(**document["profile"])  # every field present and typed
     path = write_profile(document, out)
     p, fits = document["profile"], document["fits"]
     print(

@@ -23,7 +23,11 @@ from service.tools.tiny_model import word_prompt
 from service.wire.engine_session import engine_session_id
 from tests.engine.conftest import model_cache_dir
 
-pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.timeout(1200),  # the stack's start on a loaded machine is part of the first test
+]
 
 KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789"}
 CLIENT_SESSION = "shared-client-session"
@@ -102,6 +106,7 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
         workdir=Path(tmp_path_factory.mktemp("stack-session-field")),
         model_cache=model_cache_dir(),
         external_redis_url=redis_server.url,
+        engine_timeout_s=900,
     )
     local = _EventsStack(config, free_port())
     local.start()
