@@ -118,7 +118,7 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _send(stack: LocalStack, route: str, tenant: str, seed: int) -> None:
     """One tracked request on ``route`` with the client's session id, as tenant ``tenant``."""
-    prompt = word_prompt(seed, 120)  # several full blocks: BlockStored events
+    prompt = word_prompt(seed, 300)  # two or more full 128-token blocks: BlockStored events
     headers = {"X-Tenure-Session": CLIENT_SESSION, "Authorization": f"Bearer {KEYS[tenant]}"}
     # A client's own session_id in the body must not reach the engine either.
     body: dict[str, Any] = {"model": "tiny", "session_id": CLIENT_SESSION}
