@@ -51,6 +51,9 @@ class RequestInfo:
     next_index: int = 0
     started: bool = False
     inserted: list[OffloadKey] = field(default_factory=list)
+    #: The last offer the gate refused, as (new blocks, last new key): vLLM re-offers a
+    #: refused range at every engine step, and a repeat is not counted as another refusal.
+    refused_offer: tuple[int, OffloadKey] | None = None
 
 
 class PolicyState(CachePolicy):

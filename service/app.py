@@ -22,7 +22,6 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import Route
 
 from service.api.connections import push_security, redis_client, upstream_client
 from service.api.errors import api_error, unavailable
@@ -198,14 +197,32 @@ def create_app(
                 await tail_store.aclose()
                 await tail_client.aclose()
 
+    def proxy_of(request: Request) -> Proxy:
+        proxy: Proxy = request.app.state.proxy
+        return proxy
+
+    def tracked(shape: RouteShape) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await proxy_of(request).tracked(request, shape)
+
+        return handle
+
+    async def passthrough(request: Request) -> Response:
+        return await proxy_of(request).passthrough(request)
+
+    # The route table, once: every tracked API's path to the one pipeline with its shape.
+    # POSTs to them never reach the router (SidecarApp.fast_routes, ahead of FastAPI's stack);
+    # they are registered too, as plain Starlette routes (the proxy takes the raw request and
+    # returns a raw response), for the schema and for other methods (405).
     app = SidecarApp(
         title="Tenure sidecar",
         version="0.1.0",
         lifespan=lifespan,
         description="OpenAI-compatible proxy with KV-cache lifecycle control.",
+        fast_routes={shape.path: tracked(shape) for shape in TRACKED},
+        api_max_body_bytes=settings.api_max_body_bytes,
     )
     app.state.metrics = metrics
-    app.api_max_body_bytes = settings.api_max_body_bytes
 
     @app.exception_handler(StateUnavailable)
     async def _state_unavailable(request: Request, exc: StateUnavailable) -> Response:
@@ -237,26 +254,6 @@ def create_app(
     app.include_router(record_admin.router)
     app.include_router(retention_admin.router)
 
-    def proxy_of(request: Request) -> Proxy:
-        proxy: Proxy = request.app.state.proxy
-        return proxy
-
-    def tracked(shape: RouteShape) -> Callable[[Request], Awaitable[Response]]:
-        async def handle(request: Request) -> Response:
-            return await proxy_of(request).tracked(request, shape)
-
-        return handle
-
-    async def passthrough(request: Request) -> Response:
-        return await proxy_of(request).passthrough(request)
-
-    # The route table, once: every tracked API's path to the one pipeline with its shape.
-    # POSTs to them never reach the router (SidecarApp.fast_routes, ahead of FastAPI's stack);
-    # they are registered too, as plain Starlette routes (the proxy takes the raw request and
-    # returns a raw response), for the schema and for other methods (405).
-    app.fast_routes = {shape.path: tracked(shape) for shape in TRACKED}
-    for position, (path, handler) in enumerate(app.fast_routes.items()):
-        app.router.routes.insert(position, Route(path, handler, methods=["POST"]))
     # Last, so /v1/sessions/... is matched by the lifecycle routes first.
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -148,6 +148,14 @@ class Metrics:
             ["dialect", "field", "outcome"],
             registry=r,
         )
+        # Labels come from service.harness.profiles.HARNESS_FIELDS only (a fixed set).
+        self.harness_fields = Counter(
+            "tenure_harness_fields",
+            "Harness fields read from Claude Code, Codex and other harnesses' own traffic: "
+            "used, malformed (ignored) or unchecked (a version outside the trusted range)",
+            ["harness", "field", "outcome"],
+            registry=r,
+        )
         self.gap_observed = Histogram(
             "tenure_gap_observed_seconds", "Observed idle gaps between turns, by stop class",
             ["stop_class"], buckets=_GAP_BUCKETS, registry=r,

@@ -14,6 +14,7 @@ import msgspec
 from service.api.hints import dialects
 from service.api.turns.book import Turn
 from service.api.upstream.client import UpstreamResponse
+from service.harness.profiles import HARNESS_HEADERS
 from service.wire.engine_session import engine_session_id
 
 __all__ = [
@@ -43,6 +44,7 @@ _READ_HEADERS = frozenset(
         b"content-length",
         b"x-api-key",
         *(h.encode() for h in dialects.DIALECT_HEADERS),
+        *(h.encode() for h in HARNESS_HEADERS),
     }
 )
 

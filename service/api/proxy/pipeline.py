@@ -18,8 +18,11 @@ stop reason, usage, errors, stream events). Per request, in this order:
 7. **turn end**: after the answer left, the shape's reading of it (stop reason, tool, usage)
    recorded with the turn as guard, the recording's answer side under **the route's own name**;
    an upstream that never took the request (an error status, unreachable, timed out, a client
-   gone) takes the turn back; a stream cut after its status keeps its turn, does not finish its
-   session, and is ended with **the route's own error event**.
+   gone) takes the turn back, and so does a stream the upstream cut after its status (the
+   harness retries it at once: the retry is the same turn); a cut stream never finishes its
+   session and is ended with **the route's own error event**. The harness's own fields
+   (:mod:`service.api.hints.harness`) name sub-agents as child sessions and infer the end of a
+   one-shot run at its final answer.
 
 **Degraded mode (Redis down), the same on every route.** A turn that needs Redis only to be
 counted goes upstream uncounted (fail open: ``kv_transfer_params.tenure.degraded`` is true,
@@ -48,6 +51,7 @@ from starlette.responses import Response
 
 from service.api.errors import openai_error, unavailable
 from service.api.hints import dialects
+from service.api.hints.harness import HarnessRules
 from service.api.hints.tenure import HintError, Hints, parse_hints
 from service.api.proxy.bodies import (
     NOT_JSON,
@@ -160,6 +164,7 @@ class Proxy:
             for route in (*(shape.name for shape in TRACKED), _PASSTHROUGH)
         }
         self._dialect_events: dict[tuple[str, str, str], Any] = {}
+        self.harness = HarnessRules(metrics)
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -222,7 +227,9 @@ class Proxy:
                 # to the stored answer whatever the session is called.
                 chained = await self._chained(tenant, prepared.chain)
                 native = dataclasses.replace(native, session=native.session or chained)
+            own = hints
             hints = self._with_dialects(hints, headers, payload, native)
+            hints, harness = self.harness.apply(hints, own, headers, payload)
             if hints.session is None and prepared.new_session is not None:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
@@ -236,6 +243,9 @@ class Proxy:
             turn = await self.turns.start(tenant, hints, digests)
             if turn is not None:
                 turn.info = prepared.info
+                turn.harness = harness
+                turn.infer_end = tenant.infer_run_end
+                self.turns.child_started(turn)
                 if self.recorder is not None:
                     turn.record = self.recorder.begin(payload, hints, route, tenant.name)
             seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
@@ -519,7 +529,9 @@ class Proxy:
                 self.metrics.upstream_errors.labels(error.kind).inc()
             elif outcome != STREAM_DONE:
                 self.metrics.client_disconnects.inc()
-            if status >= 400:
+            if status >= 400 or outcome == STREAM_UPSTREAM_CUT:
+                # A stream the engine cut is retried by the harness at once (Claude Code and
+                # Codex within 0.01-0.25 s): taken back, so the retry is the same turn.
                 self.turns.finish(turn, FAILED)
             else:
                 self.turns.finish(turn, OK if outcome == STREAM_DONE else CUT)
