@@ -45,6 +45,8 @@ class RequestInfo:
     owner: object
     tags: RequestTags
     session: str | None
+    #: The request's id in the core (request-scoped ranks: vLLM 0.33's LRU).
+    serial: int = 0
     seg: int = -1
     next_index: int = 0
     started: bool = False
@@ -105,6 +107,7 @@ class PolicyState(CachePolicy):
     _last_ctx: ReqContext | None
     _next_due: float
     last_applied_seq: int
+    _request_serial: int
 
     # Defined by a part above the one that calls it (evict() asks the stock path for the
     # offer it did not see).

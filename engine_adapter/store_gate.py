@@ -115,7 +115,10 @@ class StoreGate(Requests):
         misses = None
         if reported:
             misses = merge_locs([(s, i) for k, s, i in planned if k not in reported])
-        result = self.tier.store(protected, session, now, misses=misses)
+        # vLLM 0.33's LRU ranks a stored block by its request and position; one without a
+        # position on its own (as 0.32 ranks every block).
+        request = info.serial if positions and all(k in positions for k, _, _ in planned) else None
+        result = self.tier.store(protected, session, now, misses=misses, request=request)
         if not result.admitted:
             self._refused = True
             # One refusal per distinct offer, as the simulator counts them (issue 28): vLLM

@@ -59,6 +59,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--block-cost-blocks", type=int, default=32,
         help="context length (blocks) of the recompute-vs-load measurement (0: skip it)",
     )  # fmt: skip
+    gpu = parser.add_argument_group(
+        "GPU profile (--gpu): the replay's GPU physics measured with torch + transformers"
+    )
+    gpu.add_argument(
+        "--gpu",
+        action="store_true",
+        help="measure prefill, decode and host-tier transfers on this CUDA host (no vLLM, no "
+        "network; ~5 min on one H200) and write a profile file the replay loads by name",
+    )
+    gpu.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="with --gpu: every step on a tiny shape on the CPU (checks the run end to end)",
+    )
+    gpu.add_argument("--name", default=None, help="profile name (default h200-llama3-8b-measured)")
+    gpu.add_argument(
+        "--spec-profile",
+        default="h200-llama3-8b",
+        help="the public-spec profile whose peaks the measured efficiencies apply to",
+    )
+    gpu.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory for <name>.json (default: service/replay/profiles, where the replay "
+        "finds it)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -66,7 +93,43 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def run_gpu(args: argparse.Namespace) -> int:
+    from dataclasses import asdict, replace
+
+    from service.calibrate.gpu_profile import GpuProfilePlan, measure_gpu_profile, write_profile
+    from service.replay.hardware import PROFILE_DIR, HardwareProfile, get_profile
+
+    plan = GpuProfilePlan.cpu_dry_run() if args.cpu_dry_run else GpuProfilePlan()
+    spec = asdict(get_profile(args.spec_profile))  # an unknown name fails before measuring
+    plan = replace(plan, spec_profile=args.spec_profile, name=args.name or plan.name)
+    out = args.out if args.out is not None else PROFILE_DIR
+    if not out.is_dir():
+        raise UsageError(f"--out {out}: not a directory")
+    document = measure_gpu_profile(plan, spec, say=_say)
+    HardwareProfile(**document["profile"])  # every field present and typed
+    path = write_profile(document, out)
+    p, fits = document["profile"], document["fits"]
+    print(
+        f"{p['name']} ({document['environment']['device']}, "
+        f"{document['environment']['seconds']:.0f} s)\n"
+        f"  mfu              = {p['mfu']:.3f}   "
+        f"(prefill fit: {fits['effective_flops']:.4g} FLOP/s)\n"
+        f"  hbm_efficiency   = {p['hbm_efficiency']:.3f}   "
+        f"(decode fit: {fits['effective_hbm_bandwidth']:.4g} B/s)\n"
+        f"  pcie_efficiency  = {p['pcie_efficiency']:.3f}   "
+        f"(host loads: {fits['load_bandwidth']:.4g} B/s, stores {fits['store_bandwidth']:.4g})\n"
+        f"  step_overhead_s  = {p['step_overhead_s']:.6g}\n"
+        f"  transfer_latency = {p['transfer_latency_s']:.6g} s\n"
+        f"wrote {path} (replay: --hardware {p['name']})"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        return run_gpu(args)
+    if args.cpu_dry_run:
+        raise UsageError("--cpu-dry-run goes with --gpu")
     from service.calibrate.block_costs import measure_block_costs
     from service.calibrate.engine import EngineError, EngineProbe
     from service.calibrate.profile import measure_profile

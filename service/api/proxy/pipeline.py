@@ -95,6 +95,7 @@ from service.state import aliases
 from service.state.breaker import StateUnavailable
 from service.state.keys import scoped_session_id
 from service.state.store import StateStore
+from service.wire.engine_session import ENGINE_SESSION_HEADER, engine_session_id
 
 __all__ = ["TRACKED", "Handler", "Proxy"]
 
@@ -116,6 +117,9 @@ TRACKED: tuple[RouteShape, ...] = (
 #: stream are in the OpenAI format, as chat's are.
 _PASSTHROUGH_FORMAT: RouteShape = ChatShape()
 _PASSTHROUGH = "passthrough"
+#: Routes whose vLLM request body has a ``session_id`` field (chat, completions, responses in
+#: vLLM 0.32 and 0.33; its Anthropic ``/v1/messages`` has none and reads ``X-Session-ID``).
+_BODY_SESSION_ROUTES = frozenset({"chat", "completions", "responses"})
 
 
 class Proxy:
@@ -147,8 +151,12 @@ class Proxy:
         # Router affinity headers (vllm-router's X-Session-ID, ...): set from the tracked
         # session, and a client's own values dropped, so a router keys on the session the
         # sidecar resolved, never on what a caller claims.
+        # X-Session-ID always: it is also vLLM's own session field (its KV events carry it).
         self._session_headers = tuple(
-            name.lower().encode() for name in settings.session_header_names
+            dict.fromkeys(
+                name.lower().encode()
+                for name in (ENGINE_SESSION_HEADER, *settings.session_header_names)
+            )
         )
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
@@ -225,6 +233,9 @@ class Proxy:
             if hints.session is None and prepared.new_session is not None:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
+            # vLLM's own session field is the sidecar's too (read after the dialects, which
+            # may take a harness's session from it): never a client's raw value upstream.
+            dropped = payload.pop("session_id", None) is not None or dropped
             digests: list[str] = []
             if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
                 digests = prepared.infer()
@@ -239,7 +250,7 @@ class Proxy:
                     turn.record = self.recorder.begin(payload, hints, route, tenant.name)
             seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
             if turn is not None or had_tenure or dropped:
-                body = self._rewrite(payload, turn, hints, seg_tags)
+                body = self._rewrite(payload, turn, hints, seg_tags, route)
         except HintError as exc:
             self.turns.finish(turn, FAILED)
             self.metrics.hint_rejections.labels(exc.label).inc()
@@ -338,9 +349,13 @@ class Proxy:
         turn: Turn | None,
         hints: Hints,
         seg_tags: dict[str, Any] | None,
+        route: str,
     ) -> bytes:
-        """The body as forwarded: ``kv_transfer_params.tenure`` is the sidecar's own."""
+        """The body as forwarded: ``kv_transfer_params.tenure`` and vLLM's ``session_id`` are
+        the sidecar's own."""
         if turn is not None:
+            if route in _BODY_SESSION_ROUTES:
+                payload["session_id"] = engine_session_id(turn.tenant, turn.session)
             kv = payload.get("kv_transfer_params")
             if kv is None:
                 kv = {}
