@@ -78,6 +78,11 @@ class _Driver:
         self.ops = 0
         self.stored = 0
         self.refused = 0
+        from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+        # vLLM 0.33: insert(key, chunk, req_context) and the manager's on_request_access (the
+        # request's keys, before the store's inserts); 0.32 has neither.
+        self.request_scoped = hasattr(CachePolicy, "on_request_access")
 
     def chunk(self) -> Any:
         from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
@@ -124,6 +129,9 @@ class _Driver:
                 policy.begin_store(offer, ctx)
             policy.on_store_miss(offer, ctx)
             ops += 1
+            if self.request_scoped:
+                policy.on_request_access(keys, ctx)
+                ops += 1
             need = len(offer) - (self.capacity - len(policy.chunks))
             stored = True
             if need > 0:
@@ -140,7 +148,10 @@ class _Driver:
                 self.stored += len(offer)
                 for key in offer:
                     chunk = self.chunk()
-                    policy.insert(key, chunk)
+                    if self.request_scoped:
+                        policy.insert(key, chunk, ctx)
+                    else:
+                        policy.insert(key, chunk)
                     chunk.ref_cnt = 0
                     policy.mark_evictable(key)
                 ops += 2 * len(offer)

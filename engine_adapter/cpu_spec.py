@@ -91,7 +91,13 @@ class HostCopyWorker(OffloadingWorker):
         assert isinstance(dst_spec, BlockIDsLoadStoreSpec)
         return self._copy(job_id, self._engine, src_spec.block_ids, self._host, dst_spec.block_ids)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,  # vLLM 0.33: waited on within the step; copies are synchronous
+    ) -> bool:
         assert isinstance(src_spec, BlockIDsLoadStoreSpec)
         return self._copy(job_id, self._host, src_spec.block_ids, self._engine, dst_spec.block_ids)
 

@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 import zmq
 
 from engine_adapter.push_socket import run_connected
+from engine_adapter.settings import adapter_env
 from service.wire.push import PlacementReport, encode
 
 __all__ = ["PlacementPusher", "PlacementTotals", "placement_delta"]
 
 log = logging.getLogger("vllm.tenure.push")
 
-_SERVER_KEY_ENV = "TENURE_PUSH_SERVER_KEY"
-_CLIENT_SECRET_ENV = "TENURE_PUSH_CLIENT_SECRET_KEY"
 _POLL_MS = 50
 #: Send a report at least this often (in intervals) even when nothing changed: the gauges.
 _KEEPALIVE_REPORTS = 5
@@ -129,8 +128,9 @@ class PlacementPusher:
             adapter_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}-fs"
         )
         self.interval_s = interval_s
-        self.server_key = server_key or os.environ.get(_SERVER_KEY_ENV) or None
-        self._client_secret = client_secret_key or os.environ.get(_CLIENT_SECRET_ENV) or None
+        env = adapter_env()
+        self.server_key = server_key or env.push_server_key
+        self._client_secret = client_secret_key or env.push_client_secret_key
         self._wall = wall_clock
         self.counters: Counter[str] = Counter()
         self._seq = 0

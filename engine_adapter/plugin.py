@@ -46,11 +46,14 @@ def registered_policy_names() -> dict[str, str]:
 
 
 def register() -> None:
+    from engine_adapter.vllm_compat import cache_policy_loader, check_supported, is_loader_of
+
+    # Another vLLM release: one error naming the supported range, before any registration.
+    check_supported()
     from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
     from engine_adapter.policies import class_name_for
-    from engine_adapter.vllm_compat import cache_policy_loader, is_loader_of
 
     for vllm_name, core_name in registered_policy_names().items():
         try:

@@ -47,6 +47,7 @@ from engine_adapter.policy_state import Loc
 from engine_adapter.rent_timers import RentTimers
 from engine_adapter.resumes import ResumeTracker
 from engine_adapter.stock_path import StockPath
+from engine_adapter.vllm_compat import core_params
 from service.policy import EvictionClass, HostTier, Run, SessionHint, create_policy
 from service.wire.push import Decision, Snapshot
 
@@ -94,7 +95,7 @@ class TenureCachePolicy(StockPath):
         # Per-request state made before this point belongs to the old tier: a fresh token
         # makes every ReqContext's cached _RequestInfo stale (one identity check per call).
         self._epoch = object()
-        self.core = create_policy(self.core_name, self._core_params)
+        self.core = create_policy(self.core_name, core_params(self.core_name, self._core_params))
         self.tier = HostTier(self.core, self.cache_capacity)
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
         # vLLM calls get() once per looked-up block: bind the dict's own method (no Python frame).
@@ -130,6 +131,7 @@ class TenureCachePolicy(StockPath):
         self._last_ctx: ReqContext | None = None
         self._next_due = math.inf
         self.last_applied_seq = -1
+        self._request_serial = 0
 
     def configure(self, core_params: dict[str, float]) -> None:
         """Rebuild the (still empty) core with explicit parameters; bad names raise."""
@@ -184,6 +186,15 @@ class TenureCachePolicy(StockPath):
                 pending.append(loc)
         if locs:
             self.tier.touch(merge_locs(locs), now, pending=merge_locs(sorted(pending)))
+
+    def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        """vLLM 0.33: the request used ``keys`` (a load, or the held part of a store) before
+        finishing; policies with request-scoped ranks (its LRU) order them now."""
+        now = self._clock()
+        info = self._request(req_context, now, infer=False)
+        loc_of = self._loc.get
+        locs = sorted(loc for k in keys if (loc := loc_of(k)) is not None)
+        self.tier.request_access(info.serial, merge_locs(locs), now)
 
     def on_request_finished(
         self,

@@ -45,10 +45,15 @@ class RequestInfo:
     owner: object
     tags: RequestTags
     session: str | None
+    #: The request's id in the core (request-scoped ranks: vLLM 0.33's LRU).
+    serial: int = 0
     seg: int = -1
     next_index: int = 0
     started: bool = False
     inserted: list[OffloadKey] = field(default_factory=list)
+    #: The last offer the gate refused, as (new blocks, last new key): vLLM re-offers a
+    #: refused range at every engine step, and a repeat is not counted as another refusal.
+    refused_offer: tuple[int, OffloadKey] | None = None
 
 
 class PolicyState(CachePolicy):
@@ -102,6 +107,7 @@ class PolicyState(CachePolicy):
     _last_ctx: ReqContext | None
     _next_due: float
     last_applied_seq: int
+    _request_serial: int
 
     # Defined by a part above the one that calls it (evict() asks the stock path for the
     # offer it did not see).

@@ -40,6 +40,7 @@ import zmq
 
 from engine_adapter.policy import TenureCachePolicy
 from engine_adapter.push_socket import run_connected
+from engine_adapter.settings import CLIENT_SECRET_ENV, SERVER_KEY_ENV, adapter_env
 from service.wire.push import (
     Decision,
     Hello,
@@ -53,8 +54,6 @@ from service.wire.push import (
 
 __all__ = ["CLIENT_SECRET_ENV", "SERVER_KEY_ENV", "PushClient", "residency_delta"]
 
-SERVER_KEY_ENV = "TENURE_PUSH_SERVER_KEY"
-CLIENT_SECRET_ENV = "TENURE_PUSH_CLIENT_SECRET_KEY"
 
 log = logging.getLogger("vllm.tenure.push")
 
@@ -113,8 +112,9 @@ class PushClient:
     ) -> None:
         self.addr = addr
         #: The sidecar's CURVE public key (Z85); None: a plain channel.
-        self.server_key = server_key or os.environ.get(SERVER_KEY_ENV) or None
-        self._client_secret = client_secret_key or os.environ.get(CLIENT_SECRET_ENV) or None
+        env = adapter_env()
+        self.server_key = server_key or env.push_server_key
+        self._client_secret = client_secret_key or env.push_client_secret_key
         self.policy = policy
         self.engine_id = engine_id
         self.bytes_per_block = bytes_per_block

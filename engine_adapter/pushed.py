@@ -227,6 +227,7 @@ class PushedDecisions(KeyMap):
             suspended=decision.state == "suspended",
             parent=decision.parent,
             host_ttl_s=ttl,
+            likely_end=decision.likely_end,
         )
 
     def _hint_core(self, session: str, hint: SessionHint, now: float) -> None:

@@ -29,7 +29,13 @@ class Requests(PushedDecisions):
             tags = parse_tags(ctx.kv_transfer_params if ctx is not None else None)
             if tags.invalid:
                 self.stats["invalid_tags"] += tags.invalid
-            info = RequestInfo(owner=self._epoch, tags=tags, session=tags.session_id)
+            self._request_serial += 1
+            info = RequestInfo(
+                owner=self._epoch,
+                tags=tags,
+                session=tags.session_id,
+                serial=self._request_serial,
+            )
             if ctx is not None:
                 ctx.set_state(info)
         if info.session is None:

@@ -16,23 +16,18 @@ host-copy worker for vLLM's CPU platform.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadingManager
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from engine_adapter.manager import TenureOffloadingManager
+from engine_adapter.settings import ENGINE_ID_ENV, PUSH_ADDR_ENV, adapter_env
 from engine_adapter.vllm_compat import set_spec_manager, spec_manager
 
 __all__ = ["ENGINE_ID_ENV", "PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
 log = logging.getLogger("vllm.tenure")
-
-PUSH_ADDR_ENV = "TENURE_PUSH_ADDR"
-#: This engine's id on the push channel (its label in the sidecar's per-engine metrics and
-#: ``/admin/engines``); stable across restarts, unlike vLLM's own random engine id.
-ENGINE_ID_ENV = "TENURE_ENGINE_ID"
 
 
 def _float(extra: dict[str, Any], key: str, default: float) -> float:
@@ -74,12 +69,13 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
                         "kv_connector_extra_config.tenure_policy_params must be a dict"
                     )
                 tenure.configure(params)
-            addr = extra.get("tenure_push_addr") or os.environ.get(PUSH_ADDR_ENV)
+            env = adapter_env()
+            addr = extra.get("tenure_push_addr") or env.push_addr
             if addr:
                 from engine_adapter.push_client import PushClient
                 from engine_adapter.wakeup import find_engine_waker
 
-                engine_id = extra.get("tenure_engine_id") or os.environ.get(ENGINE_ID_ENV)
+                engine_id = extra.get("tenure_engine_id") or env.engine_id
                 manager.push_client = PushClient(
                     str(addr),
                     tenure,

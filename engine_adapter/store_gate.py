@@ -115,11 +115,22 @@ class StoreGate(Requests):
         misses = None
         if reported:
             misses = merge_locs([(s, i) for k, s, i in planned if k not in reported])
-        result = self.tier.store(protected, session, now, misses=misses)
+        # vLLM 0.33's LRU ranks a stored block by its request and position; one without a
+        # position on its own (as 0.32 ranks every block).
+        request = info.serial if positions and all(k in positions for k, _, _ in planned) else None
+        result = self.tier.store(protected, session, now, misses=misses, request=request)
         if not result.admitted:
             self._refused = True
-            self.stats["refusals"] += 1
-            self.stats["refused_blocks"] += n_new
+            # One refusal per distinct offer, as the simulator counts them (issue 28): vLLM
+            # asks again at every step with the same keys until more of the prompt is
+            # computed, and counting each ask made the live figure 4-5x the simulated one.
+            offer_id = (n_new, planned[-1][0])
+            if info.refused_offer == offer_id:
+                self.stats["refusal_repeats"] += 1
+            else:
+                info.refused_offer = offer_id
+                self.stats["refusals"] += 1
+                self.stats["refused_blocks"] += n_new
             return False
         frontier = self._frontier
         for key, seg, index in planned:

@@ -63,6 +63,7 @@ from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
 from engine_adapter.placement_push import PlacementPusher, PlacementTotals
 from engine_adapter.segment_book import UNTAGGED, SegmentBook
+from engine_adapter.settings import adapter_env
 from engine_adapter.tiering_names import METRICS, TIER_TYPE
 from engine_adapter.tiering_stats import metric_definitions, placement_totals
 from service.policy.endurance import Endurance, WriteRateMeter
@@ -172,11 +173,12 @@ class TenureFsTier(FileSystemTierManager):
         self._done_local: list[JobResult] = []
         self.deleted_files = 0
         self.pusher: PlacementPusher | None = None
-        addr = os.environ.get("TENURE_PUSH_ADDR", "") if push_addr is None else push_addr
+        env = adapter_env()
+        addr = (env.push_addr or "") if push_addr is None else push_addr
         if addr:
             interval = _number({"push_interval_s": push_interval_s}, "push_interval_s", 1.0)
             assert interval is not None
-            ident = engine_id or os.environ.get("TENURE_ENGINE_ID") or None
+            ident = engine_id or env.engine_id
             self.pusher = PlacementPusher(
                 str(addr),
                 self.placement_totals,

@@ -22,9 +22,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRIVATE_NAMES",
+    "SUPPORTED",
     "PrivateName",
+    "UnsupportedVllmError",
     "add_evictable_chunks",
     "cache_policy_loader",
+    "check_supported",
+    "core_params",
     "engine_core_input_queue",
     "engine_id",
     "free_chunk",
@@ -34,14 +38,77 @@ __all__ = [
     "num_free_chunks",
     "offload_key_positions",
     "reported_store_misses",
+    "request_ranked_lru",
     "set_spec_manager",
     "spec_manager",
+    "vllm_release",
     "wake_message",
 ]
 
 #: Releases each name below was checked on (the installed build; 0.33.0 from its wheel's
 #: pure-Python modules, see ``scripts/vllm_policy_tests_newest.sh``).
 CHECKED_ON = ("0.32.0", "0.33.0")
+#: The vLLM minor releases the adapter supports (``major.minor``; any patch release of them).
+SUPPORTED: tuple[tuple[int, int], ...] = ((0, 32), (0, 33))
+
+
+class UnsupportedVllmError(RuntimeError):
+    """The installed vLLM is outside :data:`SUPPORTED`."""
+
+
+def vllm_release(version: str | None = None) -> tuple[int, int]:
+    """``(major, minor)`` of ``version`` (default: the installed vLLM's)."""
+    if version is None:
+        import vllm
+
+        version = str(vllm.__version__)
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise UnsupportedVllmError(
+            f"Tenure's engine adapter cannot read vLLM's version {version!r}; "
+            f"it supports vLLM {_supported_range()}"
+        ) from None
+
+
+def _supported_range() -> str:
+    low, high = SUPPORTED[0], SUPPORTED[-1]
+    return f"{low[0]}.{low[1]}.x to {high[0]}.{high[1]}.x"
+
+
+def check_supported(version: str | None = None) -> tuple[int, int]:
+    """The installed (or given) vLLM release, or :class:`UnsupportedVllmError` naming the
+    supported range: the offloading API the adapter implements changes between releases
+    (0.33: ``insert(key, chunk, req_context)``, ``on_request_access``, request-ranked LRU)."""
+    release = vllm_release(version)
+    if release not in SUPPORTED:
+        shown = version if version is not None else ".".join(map(str, release))
+        raise UnsupportedVllmError(
+            f"Tenure's engine adapter supports vLLM {_supported_range()}; this is vLLM "
+            f"{shown}. Install a supported vLLM (pip install 'vllm>=0.32,<0.34') or a Tenure "
+            "release that supports this one."
+        )
+    return release
+
+
+def request_ranked_lru() -> bool:
+    """vLLM 0.33's ``LRUCachePolicy`` ranks a request once, its blocks tail first; 0.32 ranks
+    every stored block on its own (``service.policy.lru``'s ``request_ranks``)."""
+    return check_supported() >= (0, 33)
+
+
+def core_params(core_name: str, params: dict[str, float] | None) -> dict[str, float] | None:
+    """``params`` for core policy ``core_name`` in lockstep with the installed vLLM: core
+    policies with a ``request_ranks`` parameter (``lru``, ``lru-reclaim``) get the installed
+    release's LRU semantics unless set explicitly."""
+    from service.policy import policy_class
+
+    if "request_ranks" not in policy_class(core_name).defaults:
+        return params
+    out = dict(params or {})
+    out.setdefault("request_ranks", 1.0 if request_ranked_lru() else 0.0)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,4 +42,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
     touch "$stamp"
 fi
+# vLLM 0.33's pure-Python modules, for the adapter's engine-free tests on the newer release
+# (tests/engine/test_vllm_newest.py): the CPU build installed above is 0.32.
+if ! scripts/vllm_overlay.sh 0.33.0 >/dev/null; then
+    log "could not build the vLLM 0.33.0 overlay (no package index?): tests/engine/test_vllm_newest.py will fail until it exists"
+fi
 log "ready: $(.venv/bin/tenure --help >/dev/null && echo 'tenure CLI ok')"

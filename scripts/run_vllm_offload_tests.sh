@@ -14,7 +14,10 @@
 # Usage:  scripts/run_vllm_offload_tests.sh VLLM_SRC [OUT_DIR]
 #   VLLM_SRC  the vLLM source tree (has tests/v1/kv_offload/cpu/test_manager.py)
 #   OUT_DIR   where results.jsonl, results.csv and summary.md go (default: a new temp dir)
-# Env:  POLICIES="tenure tenure-lru ..."  (default: every registered policy)
+# Env:  VLLM_OVERLAY=DIR                  run on a release's pure-Python modules instead of the
+#                                          installed vLLM (scripts/vllm_overlay.sh 0.33.0 makes
+#                                          one; VLLM_SRC is then that release's source tree)
+#       POLICIES="tenure tenure-lru ..."  (default: every registered policy)
 #       MANAGERS="stock tenure"            (default: both)
 #       FORCE=1                            run even if VLLM_SRC's kv_offload differs
 #
@@ -33,6 +36,11 @@ out=${2:-$(mktemp -d -t tenure-vllm-tests.XXXXXX)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 py=${PYTHON:-$repo/.venv/bin/python}
+if [ -n "${VLLM_OVERLAY:-}" ]; then
+    # The release's own offloading code (and ours) first on the path; torch and the rest from
+    # the installed build. Only engine-free tests run, so nothing compiled is loaded.
+    export PYTHONPATH="$VLLM_OVERLAY:$repo${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 tests=(tests/v1/kv_offload/cpu/test_manager.py tests/v1/kv_offload/cpu/policies/test_factory.py)
 for t in "${tests[@]}"; do

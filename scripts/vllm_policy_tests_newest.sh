@@ -10,36 +10,18 @@
 #   scripts/vllm_policy_tests_newest.sh [VERSION]        # e.g. 0.33.0
 #   TENURE_VLLM_OVERLAY_ROOT=DIR ... (default ~/.cache/tenure/vllm-overlay)
 #
-# The overlay stays in TENURE_VLLM_OVERLAY_ROOT/VERSION; tests/engine/test_vllm_newest.py
-# runs the same tests when it finds one there (and skips, saying how to make one, when not).
+# The overlay (scripts/vllm_overlay.sh, which scripts/bootstrap.sh runs for 0.33.0) stays in
+# TENURE_VLLM_OVERLAY_ROOT/VERSION; tests/engine/test_vllm_newest.py runs the same tests on
+# it in the normal suite (and fails, saying how to make one, when there is none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VPY=.venv/bin/python
-ROOT=${TENURE_VLLM_OVERLAY_ROOT:-$HOME/.cache/tenure/vllm-overlay}
 VERSION=${1:-}
 if [[ -z "$VERSION" ]]; then
     VERSION=$("$VPY" -m pip index versions vllm 2>/dev/null | sed -n 's/^vllm (\(.*\))$/\1/p')
     [[ -n "$VERSION" ]] || { echo "could not ask the package index for vLLM's newest release" >&2; exit 2; }
 fi
-DEST="$ROOT/$VERSION"
-if [[ ! -f "$DEST/vllm/v1/kv_offload/cpu/policies/base.py" ]]; then
-    WHEELS=$(mktemp -d)
-    trap 'rm -rf "$WHEELS"' EXIT
-    echo "downloading vllm==$VERSION (no dependencies) ..."
-    "$VPY" -m pip download -q "vllm==$VERSION" --no-deps --only-binary :all: -d "$WHEELS" 2>&1 \
-        | { grep -v 'is ignored: it is neither' || true; }
-    mkdir -p "$DEST.partial"
-    "$VPY" - "$WHEELS" "$DEST.partial" <<'PY'
-import pathlib, sys, zipfile
-wheels, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-(wheel,) = wheels.glob("vllm-*.whl")
-with zipfile.ZipFile(wheel) as archive:
-    names = [n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")]
-    archive.extractall(dest, names)
-print(f"unpacked {len(names)} pure-Python modules of {wheel.name}")
-PY
-    rm -rf "$DEST" && mv "$DEST.partial" "$DEST"
-fi
+DEST=$(scripts/vllm_overlay.sh "$VERSION")
 echo "vLLM $VERSION overlay: $DEST"
 exec env TENURE_VLLM_OVERLAY="$DEST" "$VPY" -m pytest -q -p no:cacheprovider \
     tests/engine/test_vllm_newest.py "${@:2}"

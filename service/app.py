@@ -22,7 +22,6 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import Route
 
 from service.api.connections import push_security, redis_client, upstream_client
 from service.api.errors import api_error, unavailable
@@ -103,7 +102,14 @@ def create_app(
             on_short_wait=lambda _acked: metrics.redis_wait_short.inc(),
         )  # fmt: skip
         tenants = TenantResolver(settings.tenants, settings.default_tenant)
-        retention = build_retention(settings, store, metrics, clock)
+        push: PushServer | None = None
+
+        async def retention_changed() -> None:
+            # A branch change reaches every adapter at once, not at the next periodic snapshot.
+            if push is not None:
+                await push.broadcast_snapshot()
+
+        retention = build_retention(settings, store, metrics, clock, retention_changed)
         runtime = Runtime(
             store, metrics, gap_log_len=settings.gap_observations_maxlen,
             tenants=tenants.names, retention=retention, clock=clock,
@@ -111,7 +117,6 @@ def create_app(
         await runtime.refresh(sample_states=True)
         upstream = upstream_client(settings, upstream_transport)
         tail_client: RedisClient | None = None
-        push: PushServer | None = None
         if settings.push_addr:
             # Blocking stream reads need their own connection and a longer socket timeout.
             tail_client = redis_client(settings, settings.redis_timeout_s + 5.0)
@@ -135,7 +140,6 @@ def create_app(
                 security=push_security(settings),
             )  # fmt: skip
             await push.start()
-            retention.on_change = push.broadcast_snapshot
         recorder = Recorder(
             # The keys' root (hash-tagged on a cluster: the recorder's script keys share a slot).
             client, keys.prefix, enabled=settings.record_enabled,
@@ -193,14 +197,32 @@ def create_app(
                 await tail_store.aclose()
                 await tail_client.aclose()
 
+    def proxy_of(request: Request) -> Proxy:
+        proxy: Proxy = request.app.state.proxy
+        return proxy
+
+    def tracked(shape: RouteShape) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await proxy_of(request).tracked(request, shape)
+
+        return handle
+
+    async def passthrough(request: Request) -> Response:
+        return await proxy_of(request).passthrough(request)
+
+    # The route table, once: every tracked API's path to the one pipeline with its shape.
+    # POSTs to them never reach the router (SidecarApp.fast_routes, ahead of FastAPI's stack);
+    # they are registered too, as plain Starlette routes (the proxy takes the raw request and
+    # returns a raw response), for the schema and for other methods (405).
     app = SidecarApp(
         title="Tenure sidecar",
         version="0.1.0",
         lifespan=lifespan,
         description="OpenAI-compatible proxy with KV-cache lifecycle control.",
+        fast_routes={shape.path: tracked(shape) for shape in TRACKED},
+        api_max_body_bytes=settings.api_max_body_bytes,
     )
     app.state.metrics = metrics
-    app.api_max_body_bytes = settings.api_max_body_bytes
 
     @app.exception_handler(StateUnavailable)
     async def _state_unavailable(request: Request, exc: StateUnavailable) -> Response:
@@ -232,26 +254,6 @@ def create_app(
     app.include_router(record_admin.router)
     app.include_router(retention_admin.router)
 
-    def proxy_of(request: Request) -> Proxy:
-        proxy: Proxy = request.app.state.proxy
-        return proxy
-
-    def tracked(shape: RouteShape) -> Callable[[Request], Awaitable[Response]]:
-        async def handle(request: Request) -> Response:
-            return await proxy_of(request).tracked(request, shape)
-
-        return handle
-
-    async def passthrough(request: Request) -> Response:
-        return await proxy_of(request).passthrough(request)
-
-    # The route table, once: every tracked API's path to the one pipeline with its shape.
-    # POSTs to them never reach the router (SidecarApp.fast_routes, ahead of FastAPI's stack);
-    # they are registered too, as plain Starlette routes (the proxy takes the raw request and
-    # returns a raw response), for the schema and for other methods (405).
-    app.fast_routes = {shape.path: tracked(shape) for shape in TRACKED}
-    for position, (path, handler) in enumerate(app.fast_routes.items()):
-        app.router.routes.insert(position, Route(path, handler, methods=["POST"]))
     # Last, so /v1/sessions/... is matched by the lifecycle routes first.
     app.router.add_route(
         "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -140,12 +140,20 @@ class Metrics:
             "(exact: the engine's /tokenize; lower_bound: from the previous turn; none)",
             ["outcome"], registry=r,
         )  # fmt: skip
-        # Labels come from service.api.dialects.DIALECT_FIELDS only (a fixed set).
+        # Labels come from service.api.hints.dialects.DIALECT_FIELDS only (a fixed set).
         self.dialect_fields = Counter(
             "tenure_dialect_fields",
             "Hint fields of other stacks' dialects: used, overridden by a higher source, "
             "ignored (malformed) or unknown",
             ["dialect", "field", "outcome"],
+            registry=r,
+        )
+        # Labels come from service.harness.profiles.HARNESS_FIELDS only (a fixed set).
+        self.harness_fields = Counter(
+            "tenure_harness_fields",
+            "Harness fields read from Claude Code, Codex and other harnesses' own traffic: "
+            "used, malformed (ignored) or unchecked (a version outside the trusted range)",
+            ["harness", "field", "outcome"],
             registry=r,
         )
         self.gap_observed = Histogram(

@@ -42,6 +42,10 @@ class TenantSpec(BaseModel):
     """The tenant's name: its session ids and metrics are scoped by it."""
     infer_sessions: bool = True
     """Infer sessions from message-prefix hashes when a request carries no session header."""
+    infer_run_end: bool = True
+    """Treat a one-shot harness run's final answer (``claude -p``, ``codex exec``;
+    ``service.harness.profiles``) as the likely end of its session: its KV is evicted first
+    among the resident, never reclaimed, so a resumed run still hits what is left."""
 
     @field_validator("name")
     @classmethod

@@ -21,7 +21,14 @@ PACKAGES = ("service", "engine_adapter", "clients", "benchmarks")
 #: Longest prefix wins; CLI modules (``cli`` / ``*_cli``) are always the top layer.
 LAYERS: list[tuple[str, ...]] = [
     # 0: the pure decision core, the shared errors, stand-alone tools
-    ("service.policy", "service.errors", "service.tools", "service.processes", "service"),
+    (
+        "service.policy",
+        "service.errors",
+        "service.tools",
+        "service.processes",
+        "service.harness",
+        "service",
+    ),
     # 1: wire and record formats shared by the sidecar, the push channel and the adapter; the SDK
     ("service.wire", "clients"),
     # 2: the Redis state, settings, metrics; the simulator; calibration; the engine adapter

@@ -22,19 +22,22 @@ from service.errors import UsageError
 __all__ = ["TINY_SHAPE", "configure"]
 
 
-def _tiny_shape() -> Any:
+def _tiny_shape(layout: str = "tiny") -> Any:
     from service.calibrate.profile import ModelShape
     from service.live.stack import kv_bytes_per_block
+    from service.tools.tiny_model import layout_named
 
-    # The tiny Llama (service.tools.tiny_model): hidden 256, MLP 512, 2 layers,
-    # vocabulary 2051; matmul parameters = 2 x (4 x 256^2 + 3 x 256 x 512) + 256 x 2051.
-    params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 256 * 2051
+    # The random-weight Llama (service.tools.tiny_model); for the tiny one (hidden 256, MLP
+    # 512, 2 layers, vocabulary 2051) matmul parameters = 2 x (4 x 256^2 + 3 x 256 x 512) +
+    # 256 x 2051.
+    shape = layout_named(layout)
+    params = shape.matmul_params
     return ModelShape(
         params=float(params),
         weight_bytes=float(params * 4),  # float32
-        layers=2,
-        attention_width=256,
-        kv_bytes_per_token=kv_bytes_per_block(1),
+        layers=shape.layers,
+        attention_width=shape.hidden,
+        kv_bytes_per_token=kv_bytes_per_block(1, layout),
     )
 
 
@@ -48,6 +51,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", default=None, help="where the tiny model is cached (default ~/.cache)"
     )
+    parser.add_argument(
+        "--layout", default="demo", choices=("demo", "tiny"),
+        help="which random-weight model to start (demo: tenure up's; tiny: the tests')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--block-cost-blocks", type=int, default=32,
+        help="context length (blocks) of the recompute-vs-load measurement (0: skip it)",
+    )  # fmt: skip
+    gpu = parser.add_argument_group(
+        "GPU profile (--gpu): the replay's GPU physics measured with torch + transformers"
+    )
+    gpu.add_argument(
+        "--gpu",
+        action="store_true",
+        help="measure prefill, decode and host-tier transfers on this CUDA host (no vLLM, no "
+        "network; ~5 min on one H200) and write a profile file the replay loads by name",
+    )
+    gpu.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="with --gpu: every step on a tiny shape on the CPU (checks the run end to end)",
+    )
+    gpu.add_argument("--name", default=None, help="profile name (default h200-llama3-8b-measured)")
+    gpu.add_argument(
+        "--spec-profile",
+        default="h200-llama3-8b",
+        help="the public-spec profile whose peaks the measured efficiencies apply to",
+    )
+    gpu.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory for <name>.json (default: service/replay/profiles, where the replay "
+        "finds it)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -55,7 +93,44 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def run_gpu(args: argparse.Namespace) -> int:
+    from dataclasses import asdict, replace
+
+    from service.calibrate.gpu_profile import GpuProfilePlan, measure_gpu_profile, write_profile
+    from service.replay.hardware import PROFILE_DIR, HardwareProfile, get_profile
+
+    plan = GpuProfilePlan.cpu_dry_run() if args.cpu_dry_run else GpuProfilePlan()
+    spec = asdict(get_profile(args.spec_profile))  # an unknown name fails before measuring
+    plan = replace(plan, spec_profile=args.spec_profile, name=args.name or plan.name)
+    out = args.out if args.out is not None else PROFILE_DIR
+    if not out.is_dir():
+        raise UsageError(f"--out {out}: not a directory")
+    document = measure_gpu_profile(plan, spec, say=_say)
+    HardwareProfile(**document["profile"])  # every field present and typed
+    path = write_profile(document, out)
+    p, fits = document["profile"], document["fits"]
+    print(
+        f"{p['name']} ({document['environment']['device']}, "
+        f"{document['environment']['seconds']:.0f} s)\n"
+        f"  mfu              = {p['mfu']:.3f}   "
+        f"(prefill fit: {fits['effective_flops']:.4g} FLOP/s)\n"
+        f"  hbm_efficiency   = {p['hbm_efficiency']:.3f}   "
+        f"(decode fit: {fits['effective_hbm_bandwidth']:.4g} B/s)\n"
+        f"  pcie_efficiency  = {p['pcie_efficiency']:.3f}   "
+        f"(host loads: {fits['load_bandwidth']:.4g} B/s, stores {fits['store_bandwidth']:.4g})\n"
+        f"  step_overhead_s  = {p['step_overhead_s']:.6g}\n"
+        f"  transfer_latency = {p['transfer_latency_s']:.6g} s\n"
+        f"wrote {path} (replay: --hardware {p['name']})"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        return run_gpu(args)
+    if args.cpu_dry_run:
+        raise UsageError("--cpu-dry-run goes with --gpu")
+    from service.calibrate.block_costs import measure_block_costs
     from service.calibrate.engine import EngineError, EngineProbe
     from service.calibrate.profile import measure_profile
 
@@ -73,7 +148,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             probe.discover()
             _say(f"measuring {url} ({args.repeats} requests per figure)")
-            m = measure_profile(probe, _tiny_shape(), repeats=args.repeats, say=_say)
+            m = measure_profile(probe, _tiny_shape(args.layout), repeats=args.repeats, say=_say)
+            costs = (
+                measure_block_costs(
+                    probe, context_blocks=args.block_cost_blocks, repeats=args.repeats, say=_say
+                )
+                if args.block_cost_blocks > 0
+                else None
+            )
         except EngineError as exc:
             raise UsageError(str(exc)) from None
         finally:
@@ -91,9 +173,14 @@ def run(args: argparse.Namespace) -> int:
         f"  prefill (tokens, s)      = "
         + ", ".join(f"{n}: {t:.4f}" for n, t in m.prefill)
         + "".join(f"\nnote: {n}" for n in m.notes)
+        + (f"\n  block costs              = {costs.describe()} (TTFT, median)" if costs else "")
+        + "".join(f"\nnote: {n}" for n in (costs.notes if costs else ()))
     )
     if args.json is not None:
-        args.json.write_text(json.dumps(m.to_dict(), indent=1) + "\n", encoding="utf-8")
+        doc = {**m.to_dict(), "layout": args.layout}
+        if costs is not None:
+            doc["block_costs"] = costs.to_dict()
+        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         _say(f"wrote {args.json}")
     return 0
 
@@ -115,6 +202,7 @@ def _start_engine(args: argparse.Namespace) -> Any:
         model_cache=cache / "models",
         policy="lru",
         lru_impl="stock",
+        layout=args.layout,
         gpu_blocks=gpu,
         host_blocks=4 * gpu,
         **ENGINE_DEFAULTS,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.live.dispatch import DispatchPlan
 from service.live.driver import Driver, TurnRecord
 from service.live.stack import ABStack, ABStackConfig
 from service.live.workload import Workload
@@ -71,6 +72,10 @@ class ArmResult:
     #: Share of a core the stacks still waiting for their arm used while this one ran
     #: (``--quick`` starts every arm's stack at once; ``None``: none were waiting).
     waiting_cpu_share: float | None = None
+    #: Seconds the dispatch plan held calls beyond their own due time (summed over calls),
+    #: and calls it let go only at its patience limit (``None``: no plan, calls ran free).
+    gate_held_s: float | None = None
+    gate_forced: int | None = None
 
 
 def prepare_stack(config: ABStackConfig, say: Say) -> ABStack:
@@ -87,13 +92,14 @@ def run_arm(
     schedule: list[tuple[float, int]],
     say: Say,
     *,
+    plan: DispatchPlan | None = None,
     tick_s: float = 5.0,
     sample_s: float = 2.0,
 ) -> ArmResult:
     """Play the slice through ``stack``'s proxy; the figures the report needs."""
     policy = stack.config.policy
     seen = [[t.seen_blocks * engine.block_tokens for t in s.turns] for s in engine.sessions]
-    driver = Driver(work, stack.proxy_url, schedule)
+    driver = Driver(work, stack.proxy_url, schedule, plan=plan)
     series: list[ArmSample] = []
 
     def sample() -> ArmSample | None:
@@ -147,6 +153,7 @@ def run_arm(
             f"[{policy}] done in {wall:.0f} s: {len(driver.records)} turns, host-tier hit rate "
             f"{final.host_hit_rate:.1%}, {final.computed:.0f} prompt tokens computed"
         )
+    gate = driver.gate
     return ArmResult(
         policy,
         sorted(driver.records, key=lambda r: (r.session, r.turn)),
@@ -157,4 +164,6 @@ def run_arm(
         stack.logs,
         stack.proxy_url,
         stack.engine_url,
+        gate_held_s=gate.held_s if gate is not None else None,
+        gate_forced=gate.forced if gate is not None else None,
     )

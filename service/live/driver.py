@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from service.live.dispatch import ClosedLoop, DispatchPlan, Gate
 from service.live.workload import LiveTurn, Workload
 
 __all__ = ["BASH_TOOL", "Driver", "TurnRecord", "request_body"]
@@ -67,6 +68,9 @@ class TurnRecord:
     first_token: float = -1.0
     done: float = -1.0
     prompt_tokens: int = 0
+    #: Prompt tokens the engine took from a cache (its prefix cache or the host tier), from
+    #: the answer's usage (``None``: the engine did not say).
+    cached_tokens: int | None = None
     completion_tokens: int = 0
     finish_reason: str | None = None
     tool: str | None = None
@@ -88,18 +92,12 @@ class TurnRecord:
             "ttft_s": self.ttft_s if self.first_token >= 0 else None,
             "jct_s": self.jct_s if self.done >= 0 else None,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "finish_reason": self.finish_reason,
             "tool": self.tool,
             "error": self.error,
         }
-
-
-@dataclass(slots=True)
-class _Join:
-    children: int = 0
-    own_done: bool = False
-    ready: float = 0.0
 
 
 @dataclass
@@ -121,6 +119,7 @@ class Driver:
         *,
         timeout_s: float = 120.0,
         max_connections: int = 64,
+        plan: DispatchPlan | None = None,
     ) -> None:
         self.work = work
         self.url = proxy_url.rstrip("/") + "/v1/chat/completions"
@@ -136,13 +135,9 @@ class Driver:
         self._done = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
-        self._children: dict[tuple[int, int], list[int]] = {}
-        self._joins: dict[tuple[int, int], _Join] = {}
-        for i, s in enumerate(work.sessions):
-            if s.parent is not None:
-                self._children.setdefault((s.parent, s.spawn_after), []).append(i)
-                if s.join is not None:
-                    self._joins.setdefault((s.parent, s.join[0]), _Join()).children += 1
+        self._loop = ClosedLoop(work)
+        self.plan = plan
+        self.gate = Gate(plan) if plan is not None else None
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -185,49 +180,31 @@ class Driver:
         delay = when - self.now()
         if delay > 0:
             await asyncio.sleep(delay)
+        if self.gate is not None:
+            await self.gate.enter((session, k))
         sess = self.work.sessions[session]
         turn = sess.turns[k]
+        now = self.now()
         if k == 0:
             self.state.started_sessions.add(session)
-            for child in self._children.get((session, -1), ()):
-                self._at(self.now() + self.work.sessions[child].turns[0].gap_s, child, 0)
-        record = TurnRecord(session, k, self.now())
+            for at, child, first in self._loop.started(session, now):
+                self._at(at, child, first)
+        record = TurnRecord(session, k, now)
         self.sent.append((session, k))
         await self._send(turn, sess.id, record)
-        done = record.done
         self.records.append(record)
         self.state.turns_done += 1
         if record.error is not None:
             self.state.errors += 1
-        for child in self._children.get((session, k), ()):
-            self._at(done + self.work.sessions[child].turns[0].gap_s, child, 0)
         if turn.last:
             self.state.finished_sessions.add(session)
-            if sess.join is not None and sess.parent is not None:
-                self._join_done(sess.parent, sess.join[0], done + sess.join[1])
-        else:
-            nxt = k + 1
-            own = done + sess.turns[nxt].gap_s
-            wait = self._joins.get((session, nxt))
-            if wait is None:
-                self._at(own, session, nxt)
-            else:
-                wait.ready = max(wait.ready, own)
-                wait.own_done = True
-                self._maybe_release(session, nxt, wait)
+        for at, nxt, j in self._loop.done(session, k, record.done):
+            self._at(at, nxt, j)
+        if self.gate is not None:
+            self.gate.done((session, k))
         self._pending -= 1
         if self._pending == 0:
             self._done.set()
-
-    def _join_done(self, parent: int, turn: int, ready: float) -> None:
-        wait = self._joins[(parent, turn)]
-        wait.ready = max(wait.ready, ready)
-        wait.children -= 1
-        self._maybe_release(parent, turn, wait)
-
-    def _maybe_release(self, session: int, turn: int, wait: _Join) -> None:
-        if wait.own_done and wait.children == 0:
-            self._at(wait.ready, session, turn)
 
     async def _send(self, turn: LiveTurn, session_id: str, record: TurnRecord) -> None:
         assert self._client is not None
@@ -268,6 +245,9 @@ def _read_chunk(chunk: dict[str, Any], record: TurnRecord) -> None:
     if usage:
         record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         record.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        # vLLM leaves the details out when nothing was cached.
+        record.cached_tokens = int(details.get("cached_tokens") or 0)
     for choice in chunk.get("choices") or ():
         if choice.get("finish_reason"):
             record.finish_reason = choice["finish_reason"]

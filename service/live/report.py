@@ -34,7 +34,6 @@ from service.replay.results import RunResult
 __all__ = [
     "ARM_KEYS",
     "live_arm",
-    "paired_delta",
     "plot_ab",
     "simulated_arm",
     "table",
@@ -115,6 +114,8 @@ def live_arm(result: ArmResult, engine_trace: Trace) -> dict[str, Any]:
         "tool_call_answers": sum(1 for r in ok if r.finish_reason == "tool_calls"),
         "token_count_mismatches": mismatched,
         "wall_s": result.wall_s,
+        "gate_held_s": result.gate_held_s,
+        "gate_forced": result.gate_forced,
     }
 
 
@@ -179,38 +180,6 @@ def simulated_arm(run: RunResult, engine_trace: Trace) -> dict[str, Any]:
         "makespan_s": run.last_completion_s - run.first_arrival_s,
         "block_tokens": bt,
     }
-
-
-def paired_delta(
-    treatment: ArmResult, control: ArmResult, boot: int = 2000, seed: int = 0
-) -> dict[str, Any]:
-    """Per-call JCT and resumed-TTFT differences (treatment - control) on the same calls,
-    with 95% intervals from a bootstrap over root sessions (a session brings all its calls)."""
-    a = {(r.session, r.turn): r for r in treatment.records if r.error is None}
-    b = {(r.session, r.turn): r for r in control.records if r.error is None}
-    keys = sorted(a.keys() & b.keys())
-    out: dict[str, Any] = {"paired_calls": len(keys)}
-    rng = np.random.default_rng(seed)
-    for name in ("jct_s", "resumed_ttft_s"):
-        attr = "ttft_s" if name == "resumed_ttft_s" else name
-        rows = [
-            (k[0], getattr(a[k], attr) - getattr(b[k], attr))
-            for k in keys
-            if name != "resumed_ttft_s" or k[1]
-        ]
-        if not rows:
-            continue
-        sessions = np.asarray([s for s, _d in rows])
-        diffs = np.asarray([d for _s, d in rows])
-        uniq = np.unique(sessions)
-        groups = [diffs[sessions == u] for u in uniq]
-        means = []
-        for _ in range(boot):
-            pick_s = rng.integers(0, len(groups), len(groups))
-            means.append(float(np.mean(np.concatenate([groups[i] for i in pick_s]))))
-        lo, hi = np.percentile(means, [2.5, 97.5])
-        out[f"mean_{name}"] = [float(diffs.mean()), float(lo), float(hi)]
-    return out
 
 
 def _fmt(value: Any, kind: str) -> str:

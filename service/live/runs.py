@@ -27,6 +27,7 @@ def run_arms(
     played: tuple[Any, Any, list[tuple[float, int]]],
     say: Say,
     engine: dict[str, Any],
+    plan: Any = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Per arm: start its fresh stack (the ``engine`` settings, the pool and tier of
     ``sizing``), run the arm, stop the stack (the last one stays up with ``--keep-running``)."""
@@ -45,6 +46,7 @@ def run_arms(
             gpu_blocks=sizing.gpu_blocks,
             host_blocks=sizing.host_blocks,
             lru_impl=args.lru_impl,
+            layout=args.layout,
             policy_params=params[name],
             in_process_worker=args.quick,
             sidecar_env=(
@@ -64,7 +66,7 @@ def run_arms(
         )
         stacks[name] = ABStack(config, progress=lambda line, n=name: say(f"[{n}] {line}"))
     if args.quick:
-        return _started_together(args, arms, stacks, played, say)
+        return _started_together(args, arms, stacks, played, say, plan)
     # One engine at a time: an idle CPU vLLM worker beside a running one was measured spinning
     # a whole core (one of this VM's two), which slowed the first arm ~10x and would hand
     # the second arm a quieter machine than the first.
@@ -73,7 +75,7 @@ def run_arms(
         stack = stacks[name]
         try:
             stack.start()
-            results[name] = run_arm(stack, work, etrace, schedule, say)
+            results[name] = run_arm(stack, work, etrace, schedule, say, plan=plan)
             if args.record is not None and i == len(arms) - 1:
                 _export_recording(stack, args.record, etrace.block_tokens, say)
         except BaseException:
@@ -90,6 +92,7 @@ def _started_together(
     stacks: dict[str, Any],
     played: tuple[Any, Any, list[tuple[float, int]]],
     say: Say,
+    plan: Any = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """``--quick``: every arm's stack starts at once (two ~20-40 s engine starts overlap on
     two cores instead of following each other), then the arms run one after the other, each
@@ -114,7 +117,7 @@ def _started_together(
             stack = stacks[name]
             waiting = [g for later in arms[i + 1 :] for g in stacks[later].process_groups()]
             before = group_cpu_seconds(waiting)
-            results[name] = run_arm(stack, work, etrace, schedule, say)
+            results[name] = run_arm(stack, work, etrace, schedule, say, plan=plan)
             after = group_cpu_seconds(waiting)
             if waiting and before is not None and after is not None:
                 share = (after - before) / max(results[name].wall_s, 1e-9)

@@ -28,9 +28,6 @@ from service.stack import LocalStack, StackConfig
 
 __all__ = ["DTYPE", "ABStack", "ABStackConfig", "group_cpu_seconds", "kv_bytes_per_block"]
 
-#: The tiny model's KV shape (service.tools.tiny_model): 2 layers, 4 KV heads x 64.
-_LAYERS = 2
-_KV_WIDTH = 256
 #: The A/B's engine computes in float32: this CPU has AVX2 but no AVX-512 BF16, and float32
 #: measured 2-3x faster than bfloat16 here (prefill and decode both).
 DTYPE = "float32"
@@ -60,9 +57,12 @@ def group_cpu_seconds(groups: list[int]) -> float | None:
     return total / tick
 
 
-def kv_bytes_per_block(block_tokens: int) -> int:
-    """KV bytes of one engine block of the tiny model (K and V, every layer)."""
-    return 2 * _LAYERS * block_tokens * _KV_WIDTH * _DTYPE_BYTES
+def kv_bytes_per_block(block_tokens: int, layout: str = "tiny") -> int:
+    """KV bytes of one engine block of the random-weight model ``layout`` (K and V, every
+    layer; :mod:`service.tools.tiny_model`)."""
+    from service.tools.tiny_model import layout_named
+
+    return block_tokens * layout_named(layout).kv_bytes_per_token(_DTYPE_BYTES)
 
 
 @dataclass
@@ -71,6 +71,11 @@ class ABStackConfig(StackConfig):
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
     lru_impl: str = "adapter"
+    #: vLLM's start measured past the stack's 240 s on this 2-core VM at load ~10 (other
+    #: jobs' tests beside it): the A/B and the calibration wait longer.
+    engine_timeout_s: float = 900.0
+    #: Which random-weight model (:func:`service.tools.tiny_model.layout_named`).
+    layout: str = "tiny"
     #: Core policy parameters for the adapter (the time constants of a compressed clock).
     policy_params: dict[str, float] = field(default_factory=dict)
     #: Extra ``TENURE_*`` settings of the sidecar (e.g. recording).
@@ -88,10 +93,23 @@ class ABStack(LocalStack):
     def __init__(self, config: ABStackConfig, progress: Any = None) -> None:
         super().__init__(config, progress)
 
+    def ensure_model(self) -> Path:
+        if self.config.model is not None or self.config.layout == "tiny":
+            return super().ensure_model()
+        from service.tools.tiny_model import ensure_tiny_model, layout_named
+
+        self.progress(
+            f"preparing the {self.config.layout} random-weight model in {self.config.model_cache}"
+        )
+        self.model_path = ensure_tiny_model(
+            self.config.model_cache, layout_named(self.config.layout)
+        )
+        return self.model_path
+
     def engine_transfer_config(self) -> dict[str, Any]:
         cfg = self.config
         extra: dict[str, Any] = {
-            "cpu_bytes_to_use": cfg.host_blocks * kv_bytes_per_block(cfg.block_tokens),
+            "cpu_bytes_to_use": cfg.host_blocks * kv_bytes_per_block(cfg.block_tokens, cfg.layout),
         }
         if cfg.policy == "lru" and cfg.lru_impl == "stock":
             extra.update(eviction_policy="lru", spec_name="CPUHostOffloadingSpec")
@@ -129,6 +147,9 @@ class ABStack(LocalStack):
             "--num-gpu-blocks-override", str(cfg.gpu_blocks),
             "--served-model-name", "tiny",
             "--enable-auto-tool-choice",
+            # Each answer's usage then says how many of its prompt tokens came from a cache
+            # (engine prefix cache or host tier): the A/B's per-call paired measure.
+            "--enable-prompt-tokens-details",
             "--tool-call-parser", "pythonic",
             "--uvicorn-log-level", "warning",
             "--kv-transfer-config", json.dumps(self.engine_transfer_config()),

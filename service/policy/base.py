@@ -19,7 +19,7 @@ from __future__ import annotations
 import pickle
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import ClassVar, Literal
 
 from service.policy.tier_view import TierView
@@ -76,6 +76,17 @@ class TierPolicy(ABC):
 
     def on_insert(self, run: Run, now: float) -> None:  # noqa: B027 - optional hook
         """Blocks of ``run`` were just admitted (in prefix order)."""
+
+    def on_request_insert(self, request: Hashable, run: Run, now: float) -> None:
+        """Blocks of ``run`` were just admitted for ``request`` (an opaque id, one per engine
+        request). vLLM 0.33's stores are request-scoped; the default is :meth:`on_insert`."""
+        self.on_insert(run, now)
+
+    def on_request_access(  # noqa: B027
+        self, request: Hashable, runs: Sequence[Run], now: float
+    ) -> None:
+        """``request`` used ``runs`` mid-flight (vLLM 0.33's ``on_request_access``: prefix order
+        maintained before the request finishes, no access committed). Default: ignored."""
 
     def on_access(  # noqa: B027
         self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float

@@ -25,10 +25,14 @@ from service.policy.retention_costs import choose_regime
 from service.policy.types import EvictionClass
 
 __all__ = [
+    "LIKELY_END",
     "LifecycleDecision",
     "RetentionSettings",
     "classify",
+    "on_awaiting_child",
+    "on_child_returned",
     "on_end",
+    "on_likely_end",
     "on_request",
     "on_response",
     "on_resume",
@@ -37,6 +41,8 @@ __all__ = [
 ]
 
 State = Literal["active", "idle", "suspended", "finished"]
+#: The reason prefix of an inferred end (``likely_end_one_shot``, ``likely_end_subagent``).
+LIKELY_END = "likely_end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,8 @@ class LifecycleDecision:
     #: reaches this (GPU-s, :mod:`service.policy.rent`); ``host_ttl_s`` is then the same
     #: timer at the price of the moment (``None`` while uncongested).
     host_rent_limit: float | None = None
+    #: The run probably ended with this turn (:func:`on_likely_end`).
+    likely_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +174,34 @@ def on_spawn(now: float, *, role: str) -> LifecycleDecision:
     return LifecycleDecision("idle", 0.0, now, False, False, None, f"spawned_{role}")
 
 
+def on_likely_end(now: float, *, reason: str) -> LifecycleDecision:
+    """A turn ended and the run probably with it (a one-shot entry point's final answer, a
+    sub-agent's answer): idle without a wake-up, its blocks evicted first among the live but
+    not reclaimed, so a resumed run (``--continue``) still hits what is resident."""
+    return LifecycleDecision("idle", None, None, False, False, None, reason, likely_end=True)
+
+
+def on_awaiting_child(now: float, *, child_lifetime_s: float) -> LifecycleDecision:
+    """A lead waits for a foreground sub-agent: its gap is the child's predicted lifetime
+    (a worker's, not a human's)."""
+    gap = max(0.0, child_lifetime_s)
+    return LifecycleDecision("idle", gap, now + gap, False, False, None, "awaiting_child")
+
+
+def on_child_returned(now: float) -> LifecycleDecision:
+    """A lead's sub-agent answered: the lead goes on at once (wake-up now)."""
+    return LifecycleDecision("idle", 0.0, now, False, False, None, "child_returned")
+
+
 def on_end(now: float) -> LifecycleDecision:
     return LifecycleDecision("finished", None, None, True, True, None, "ended")
 
 
 def classify(
-    state: State, wakeup_at: float | None, now: float, slack_s: float
+    state: State, wakeup_at: float | None, now: float, slack_s: float, *, likely_end: bool = False
 ) -> EvictionClass | None:
     """The eviction class a session would fall in now (``None``: live, not evictable yet)."""
-    if state == "finished":
+    if state == "finished" or (likely_end and state == "idle"):
         return EvictionClass.FINISHED
     if state == "active" or wakeup_at is None or not math.isfinite(wakeup_at):
         return None

@@ -9,6 +9,13 @@ block range, lowest rank, direction)``. Rank runs never interleave in rank order
 eviction walk them with a heap and take blocks from each run's low end. The cost is per run,
 not per block, and the eviction order is block-for-block identical to vLLM's (the differential
 test in ``tests/policy`` drives both with the same calls).
+
+``request_ranks=1`` is vLLM 0.33's LRU: a request holds one rank, taken at its first access,
+and the blocks it stores or uses mid-flight rank ``(request rank, -position)`` inside it, so
+its tail goes before its head; finishing the request (or a touch) re-ranks as before. Those
+are *request* rank runs. Runs of one request in different segments (a second KV group's fork)
+may interleave in rank order; eviction merges them, ties going to the older segment (vLLM
+breaks them by key, i.e. by KV group, and the adapter forks KV groups in group order).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import heapq
 import itertools
 import pickle
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from service.policy.base import TierPolicy
 from service.policy.types import EvictionClass, Run, SessionHint, Victim
@@ -27,51 +34,86 @@ __all__ = ["LRUPolicy", "LRUReclaimPolicy"]
 
 # Containers whose layout varies for one state (the lazily cleaned heap); see fingerprint().
 _LRU_INTERNALS = frozenset({"_heap", "_by_seg", "_uid", "_next_rank", "_tier"})
+#: Requests whose rank is remembered (vLLM keeps it in the request's context while it lives).
+_REQUEST_RANKS_KEPT = 1 << 16
+
+#: A block's place in eviction order: ``(major, minor, segment)``, lowest evicted first.
+RankKey = tuple[int, int, int]
 
 
 class _RankRun:
-    """Blocks ``[lo, hi)`` of ``seg`` hold ranks ``base .. base + hi - lo - 1``.
+    """Blocks ``[lo, hi)`` of ``seg`` hold ranks ``base .. base + hi - lo - 1`` (minor 0).
 
     ``asc``: rank grows with block index (a store); otherwise it falls (an access).
+    ``request``: every block holds major ``base`` and minor ``-index`` (vLLM 0.33's request
+    rank, tail first); such a run is never ``asc``.
     """
 
-    __slots__ = ("alive", "asc", "base", "hi", "lo", "seg")
+    __slots__ = ("alive", "asc", "base", "hi", "lo", "request", "seg")
 
-    def __init__(self, seg: int, lo: int, hi: int, base: int, asc: bool) -> None:
+    def __init__(
+        self, seg: int, lo: int, hi: int, base: int, asc: bool, request: bool = False
+    ) -> None:
         self.seg = seg
         self.lo = lo
         self.hi = hi
         self.base = base
         self.asc = asc
+        self.request = request
         self.alive = True
 
     def rank(self, index: int) -> int:
+        """The block's major rank."""
+        if self.request:
+            return self.base
         return self.base + (index - self.lo if self.asc else self.hi - 1 - index)
+
+    def low(self) -> RankKey:
+        """The key of the run's least recent block (its heap key)."""
+        if self.request:
+            return (self.base, 1 - self.hi, self.seg)
+        return (self.base, 0, self.seg)
 
     def part(self, lo: int, hi: int) -> _RankRun:
         """The sub-run over ``[lo, hi)`` with the same ranks."""
+        if self.request:
+            return _RankRun(self.seg, lo, hi, self.base, False, True)
         base = self.rank(lo) if self.asc else self.rank(hi - 1)
         return _RankRun(self.seg, lo, hi, base, self.asc)
+
+    def older_than(self, lo: int, hi: int, major: int) -> tuple[int, int]:
+        """The sub-range of ``[lo, hi)`` (inside this run) whose major rank is below ``major``."""
+        if self.request:
+            return (lo, hi) if self.base < major else (lo, lo)
+        if self.asc:  # rank(i) = base + i - self.lo < major
+            return lo, max(lo, min(hi, self.lo + major - self.base))
+        # rank(i) = base + self.hi - 1 - i < major  <=>  i >= self.hi - (major - base)
+        return min(hi, max(lo, self.hi - (major - self.base))), hi
 
 
 class LRUPolicy(TierPolicy):
     """vLLM's LRU: stores and request-scoped accesses are uses; evict the least recent."""
 
     name = "lru"
+    #: ``request_ranks``: 1 = vLLM 0.33's request-scoped ranks (see the module docstring);
+    #: 0 = vLLM 0.32's per-store ranks. The engine adapter sets it from the installed vLLM.
+    defaults = {"request_ranks": 0.0}
 
     def __init__(self, params: dict[str, float] | None = None) -> None:
         super().__init__(params)
         self._next_rank = 0
         self._by_seg: dict[int, list[_RankRun]] = {}
-        self._heap: list[tuple[int, int, _RankRun]] = []
+        self._heap: list[tuple[RankKey, int, _RankRun]] = []
         self._uid = itertools.count()
+        self._request_ranked = bool(self.params["request_ranks"])
+        self._request_rank: dict[Hashable, int] = {}
 
     # --- rank-run bookkeeping ---------------------------------------------------------------
 
     def _add(self, run: _RankRun) -> None:
         runs = self._by_seg.setdefault(run.seg, [])
         runs.insert(bisect_left([r.lo for r in runs], run.lo), run)
-        heapq.heappush(self._heap, (run.base, next(self._uid), run))
+        heapq.heappush(self._heap, (run.low(), next(self._uid), run))
 
     def _cut(self, seg: int, lo: int, hi: int) -> None:
         """Forget the ranks of blocks ``[lo, hi)`` of ``seg`` (they get new ones or leave)."""
@@ -98,7 +140,7 @@ class LRUPolicy(TierPolicy):
         else:
             del self._by_seg[seg]
         for piece in pieces:
-            heapq.heappush(self._heap, (piece.base, next(self._uid), piece))
+            heapq.heappush(self._heap, (piece.low(), next(self._uid), piece))
 
     def _rank_range(self, seg: int, lo: int, hi: int, asc: bool) -> None:
         self._cut(seg, lo, hi)
@@ -106,10 +148,47 @@ class LRUPolicy(TierPolicy):
         self._next_rank += hi - lo
         self._add(run)
 
+    def _rank_of(self, request: Hashable) -> int:
+        """The request's one rank, taken from the counter at its first access (vLLM 0.33)."""
+        rank = self._request_rank.get(request)
+        if rank is None:
+            self._next_rank += 1
+            rank = self._request_rank[request] = self._next_rank
+            if len(self._request_rank) > _REQUEST_RANKS_KEPT:
+                del self._request_rank[next(iter(self._request_rank))]
+        return rank
+
+    def _request_range(self, seg: int, lo: int, hi: int, rank: int) -> None:
+        self._cut(seg, lo, hi)
+        self._add(_RankRun(seg, lo, hi, rank, False, True))
+
     # --- hooks ------------------------------------------------------------------------------
 
     def on_insert(self, run: Run, now: float) -> None:
         self._rank_range(run.seg, run.start, run.stop, asc=True)
+
+    def on_request_insert(self, request: Hashable, run: Run, now: float) -> None:
+        if not self._request_ranked:
+            self.on_insert(run, now)
+            return
+        self._request_range(run.seg, run.start, run.stop, self._rank_of(request))
+
+    def on_request_access(self, request: Hashable, runs: Sequence[Run], now: float) -> None:
+        if not self._request_ranked:
+            return
+        # vLLM 0.33: the rank is taken even when none of the keys is held; a held block moves
+        # up to (request rank, -position) unless it already ranks at least that high.
+        rank = self._rank_of(request)
+        older: list[tuple[int, int, int]] = []
+        for piece in self.tier.resident(runs):
+            for run in self._by_seg.get(piece.seg, ()):
+                lo, hi = max(run.lo, piece.start), min(run.hi, piece.stop)
+                if lo < hi:
+                    a, b = run.older_than(lo, hi, rank)
+                    if a < b:
+                        older.append((piece.seg, a, b))
+        for seg, lo, hi in older:
+            self._request_range(seg, lo, hi, rank)
 
     def _rerank(self, runs: Sequence[Run]) -> None:
         # vLLM re-ranks the used resident keys tail to head: the head ends most recent.
@@ -139,15 +218,25 @@ class LRUPolicy(TierPolicy):
             guard.setdefault(p.seg, []).append((p.start, p.stop))
         chosen: list[Victim] = []  # in eviction (rank) order
         need = n
-        popped: list[tuple[int, int, _RankRun]] = []
+        popped: list[tuple[RankKey, int, _RankRun]] = []
+        #: Heap entries of request runs' untaken remainders, valid during this selection only.
+        partial: set[int] = set()
         heap = self._heap
         while heap and need > 0:
             entry = heapq.heappop(heap)
-            run = entry[2]
-            if not run.alive or entry[0] != run.base:
+            key, uid, run = entry
+            if not run.alive:
                 continue
-            popped.append(entry)
-            for lo, hi in _unprotected(run.lo, run.hi, guard.get(run.seg), run.asc):
+            if uid in partial:
+                partial.discard(uid)
+            elif key != run.low():
+                continue  # stale
+            else:
+                popped.append(entry)
+            spans = _unprotected(run.lo, run.hi, guard.get(run.seg), run.asc)
+            if run.request:
+                spans = self._merge_request_run(run, key, spans, partial)
+            for lo, hi in spans:
                 take = min(need, hi - lo)
                 # Ranks rise from lo (a store) or from hi - 1 (an access): take the low end.
                 if run.asc:
@@ -157,6 +246,9 @@ class LRUPolicy(TierPolicy):
                 need -= take
                 if need == 0:
                     break
+        if partial:  # remainders this selection did not reach: no longer valid
+            heap[:] = [e for e in heap if e[1] not in partial]
+            heapq.heapify(heap)
         for entry in popped:
             heapq.heappush(heap, entry)
         if need > 0:
@@ -168,9 +260,44 @@ class LRUPolicy(TierPolicy):
         self._count_victims(victims)
         return victims
 
+    def _merge_request_run(
+        self, run: _RankRun, key: RankKey, spans: list[tuple[int, int]], partial: set[int]
+    ) -> list[tuple[int, int]]:
+        """The spans of a request run that come before the next run in rank order.
+
+        Only runs of the same request (other segments) can interleave with it: the blocks up to
+        the next one's least recent block are taken now, the rest goes back on the heap as a
+        remainder entry of this selection.
+        """
+        upto = 1 - key[1]  # blocks at index >= upto were taken already
+        spans = [(lo, min(hi, upto)) for lo, hi in spans if lo < upto]
+        top = self._live_top(partial)
+        if top is None or top[0] != run.base:
+            return spans
+        # Ours before the top's (index t, segment s): index > t, or index == t and older seg.
+        limit = -top[1] + (0 if run.seg < top[2] else 1)
+        if all(lo >= limit for lo, _ in spans):
+            return spans
+        uid = next(self._uid)
+        partial.add(uid)
+        heapq.heappush(self._heap, ((run.base, 1 - limit, run.seg), uid, run))
+        return [(max(lo, limit), hi) for lo, hi in spans if hi > limit]
+
+    def _live_top(self, partial: set[int]) -> RankKey | None:
+        """The heap's lowest current key (stale entries on top are dropped)."""
+        heap = self._heap
+        while heap:
+            key, uid, run = heap[0]
+            if run.alive and (uid in partial or key == run.low()):
+                return key
+            heapq.heappop(heap)
+        return None
+
     def fingerprint(self) -> bytes:
         runs = sorted(
-            (r.seg, r.lo, r.hi, r.base, r.asc) for rs in self._by_seg.values() for r in rs
+            (r.seg, r.lo, r.hi, r.base, r.asc, r.request)
+            for rs in self._by_seg.values()
+            for r in rs
         )
         extra = {k: v for k, v in vars(self).items() if k not in _LRU_INTERNALS}
         return pickle.dumps((self._next_rank, runs, extra))
@@ -178,7 +305,7 @@ class LRUPolicy(TierPolicy):
     def _compact(self) -> None:
         live = sum(len(runs) for runs in self._by_seg.values())
         if len(self._heap) > max(64, 4 * live):
-            self._heap = [(r.base, next(self._uid), r) for rs in self._by_seg.values() for r in rs]
+            self._heap = [(r.low(), next(self._uid), r) for rs in self._by_seg.values() for r in rs]
             heapq.heapify(self._heap)
 
 

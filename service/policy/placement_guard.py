@@ -11,7 +11,7 @@ wrapped policy keeps its own decisions and counters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from service.policy.base import TierPolicy
 from service.policy.tier_view import TierView
@@ -39,6 +39,12 @@ class PlacementGuard(TierPolicy):
 
     def on_insert(self, run: Run, now: float) -> None:
         self.inner.on_insert(run, now)
+
+    def on_request_insert(self, request: Hashable, run: Run, now: float) -> None:
+        self.inner.on_request_insert(request, run, now)
+
+    def on_request_access(self, request: Hashable, runs: Sequence[Run], now: float) -> None:
+        self.inner.on_request_access(request, runs, now)
 
     def on_access(
         self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float

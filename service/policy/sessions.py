@@ -37,6 +37,7 @@ class SessionLife:
     suspended: bool = False
     ttl_deadline: float | None = None
     refused: bool = False  # refused during the current request: keep refusing (no holes)
+    likely_end: bool = False  # the run probably ended: finished (evicted first), not reclaimed
 
 
 class SessionPolicy(TierPolicy):
@@ -79,6 +80,7 @@ class SessionPolicy(TierPolicy):
         life.suspended = False
         life.ttl_deadline = None
         life.finished = False
+        life.likely_end = False  # it came back: the inferred end was wrong
 
     def on_access(
         self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
@@ -90,6 +92,8 @@ class SessionPolicy(TierPolicy):
             life.wakeup = now + life.expected_gap_s
         if life.declared_last:
             self._finish(session, life)
+        elif life.likely_end:
+            self._likely_end(life)
 
     def on_hint(self, session: str, hint: SessionHint, now: float) -> None:
         if self.hint_source == "none":
@@ -101,6 +105,9 @@ class SessionPolicy(TierPolicy):
         life.declared_last = hint.last_turn
         if hint.last_turn and not life.active:
             self._finish(session, life)
+        life.likely_end = hint.likely_end and not hint.last_turn
+        if life.likely_end and not life.active:
+            self._likely_end(life)
         life.suspended = hint.suspended
         if hint.suspended and hint.host_ttl_s is not None:
             life.ttl_deadline = now + hint.host_ttl_s
@@ -124,6 +131,11 @@ class SessionPolicy(TierPolicy):
         life.wakeup = None
         if self.reclaims:
             self._reclaim.append(session)
+
+    def _likely_end(self, life: SessionLife) -> None:
+        """Finished for eviction order, without a reclaim: a resumed run hits what is left."""
+        life.finished = True
+        life.wakeup = None
 
     # --- timers -----------------------------------------------------------------------------
 

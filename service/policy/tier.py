@@ -158,13 +158,15 @@ class HostTier:
         now: float,
         *,
         misses: Sequence[Run] | None = None,
+        request: Hashable | None = None,
     ) -> StoreResult:
         """Offer ``runs`` (a request's freshly computed blocks, prefix order) to the tier.
 
         All-or-nothing, as vLLM's ``prepare_store``: either every missing block is admitted
         (after the policy frees room) or none is and nothing changes. ``misses``: the missing
         blocks to report as store misses (vLLM reports a block once per request; default:
-        all missing blocks).
+        all missing blocks). ``request``: the storing engine request, for policies whose
+        ranks are request-scoped (vLLM 0.33's LRU).
         """
         pieces = self.missing(runs)
         n_missing = sum(p.stop - p.start for p in pieces)
@@ -191,7 +193,10 @@ class HostTier:
                 victims = chosen
         for piece in pieces:
             self._set(piece)
-            self.policy.on_insert(piece, now)
+            if request is None:
+                self.policy.on_insert(piece, now)
+            else:
+                self.policy.on_request_insert(request, piece, now)
         self.counters["stored_blocks"] += n_missing
         return StoreResult(admitted=True, stored_blocks=n_missing, victims=tuple(victims))
 
@@ -239,6 +244,10 @@ class HostTier:
             session = self._seg_owner[runs[0].seg]
         self.policy.on_access(session, runs, inserted, now)
         return self.expire(now)
+
+    def request_access(self, request: Hashable, runs: Sequence[Run], now: float) -> None:
+        """``request`` used ``runs`` before finishing (vLLM 0.33's ``on_request_access``)."""
+        self.policy.on_request_access(request, runs, now)
 
     def touch(self, runs: Sequence[Run], now: float, *, pending: Sequence[Run] = ()) -> None:
         """vLLM's ``touch``: ``runs`` (in the caller's order) were used, outside any request."""

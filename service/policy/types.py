@@ -77,6 +77,10 @@ class SessionHint:
     #: (``None`` = keep it as long as capacity allows).
     host_ttl_s: float | None = None
     parent: str | None = None
+    #: The run probably ended with this turn (a one-shot entry point's final answer, a
+    #: sub-agent's answer to its lead): its blocks go first among the resident, like a
+    #: finished session's, but are not reclaimed, so a run resumed later still hits them.
+    likely_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)

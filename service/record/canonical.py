@@ -132,6 +132,8 @@ def to_canonical(
                 hints["last_turn"] = True
             if t.expected_gap_s is not None:
                 hints["expected_gap_s"] = t.expected_gap_s
+            if t.likely_end:
+                hints["likely_end"] = True
             if hints:
                 entry["hints"] = hints
             out_turns.append(entry)

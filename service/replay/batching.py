@@ -13,13 +13,24 @@ import math
 
 from service.replay.model import slice_runs
 from service.replay.requests import Request
-from service.replay.sim_state import LOAD, STEP, SimState
+from service.replay.sim_state import LOAD, STEP, SimState, Span
 
 __all__ = ["Batching"]
 
 
-class Batching(SimState):
-    """Admission, loads, engine spans and store offers of one run."""
+class Batching:
+    """Admission, loads, engine spans and store offers of one run.
+
+    It admits from the shared queue (``sim.waiting``) when poked; :meth:`on_step` hands the
+    requests a span finished back to the engine's loop, which completes them (the workload)
+    and then calls :meth:`start_span`.
+    """
+
+    def __init__(self, sim: SimState) -> None:
+        self.sim = sim
+        self.loading = 0  # admitted requests whose host-tier load is in flight
+        self.span: Span | None = None
+        self.span_gen = 0  # bumped per span, so a truncated span's STEP event is ignored
 
     def poke(self, now: float) -> None:
         """Something joined the queue: end the current span at the next step boundary."""
@@ -31,31 +42,34 @@ class Batching(SimState):
         if done < steps:
             self.span = (start, done, dt, decodes, chunks)
             self.span_gen += 1
-            self.push(start + done * dt, STEP, self.span_gen)
+            self.sim.push(start + done * dt, STEP, self.span_gen)
 
     # --- admission and loads ------------------------------------------------------------------
 
     def admit(self, now: float) -> None:
-        limit = self.hw.max_num_seqs
-        while self.waiting and len(self.running) + self.loading < limit:
-            req = self.waiting[0]
-            g = self.gpu.hit(req.runs)
-            if not self.gpu.admit(req.runs, req.extra_blocks):
+        limit = self.sim.hw.max_num_seqs
+        while self.sim.waiting and len(self.sim.running) + self.loading < limit:
+            req = self.sim.waiting[0]
+            g = self.sim.gpu.hit(req.runs)
+            if not self.sim.gpu.admit(req.runs, req.extra_blocks):
                 return  # FCFS: the head waits until it fits
-            self.waiting.popleft()
+            self.sim.waiting.popleft()
             req.gpu_hit = g
+            req.lookup_s = now
+            if self.sim.accesses is not None:
+                self.sim.accesses.append(req)
             ssd_hit = 0
             if g >= req.n_blocks:
                 h = 0
-            elif self.lower is None:
-                h = self.tier.lookup(slice_runs(req.runs, g))
+            elif self.sim.lower is None:
+                h = self.sim.tier.lookup(slice_runs(req.runs, g))
             else:
-                sid = self.trace.sessions[req.session].id
-                h, ssd_hit = self.lower.lookup(req.runs, g, sid, now)
+                sid = self.sim.trace.sessions[req.session].id
+                h, ssd_hit = self.sim.lower.lookup(req.runs, g, sid, now)
                 h += ssd_hit
             req.host_hit = h
-            turn = self.trace.sessions[req.session].turns[req.turn]
-            cached = (g + h) * self.bt
+            turn = self.sim.trace.sessions[req.session].turns[req.turn]
+            cached = (g + h) * self.sim.bt
             if cached >= turn.input_tokens:
                 cached = turn.input_tokens - 1  # vLLM recomputes the last prompt token
             req.computed = cached
@@ -63,39 +77,39 @@ class Batching(SimState):
             req.decode_left = max(turn.output_tokens, 1)
             req.offer_idx = req.access_start = g + h if h > 0 else 0
             if h > 0:
-                nbytes = h * self.block_bytes
-                self.result.host_bytes_loaded += nbytes
-                if self.lower is None:
-                    start = max(now, self.pcie_free_at)
-                    self.pcie_free_at = start + nbytes / self.hw.load_bandwidth()
-                    done = self.pcie_free_at
+                nbytes = h * self.sim.block_bytes
+                self.sim.result.host_bytes_loaded += nbytes
+                if self.sim.lower is None:
+                    start = max(now, self.sim.pcie_free_at)
+                    self.sim.pcie_free_at = start + nbytes / self.sim.hw.load_bandwidth()
+                    done = self.sim.pcie_free_at
                 else:
-                    done = self.lower.load_done(now, h - ssd_hit, ssd_hit)
+                    done = self.sim.lower.load_done(now, h - ssd_hit, ssd_hit)
                 self.loading += 1
-                self.push(done, LOAD, req)
+                self.sim.push(done, LOAD, req)
             else:
-                self.running.append(req)
+                self.sim.running.append(req)
 
     def on_load(self, now: float, req: Request) -> None:
         self.loading -= 1
-        self.running.append(req)
+        self.sim.running.append(req)
         self.poke(now)
 
     # --- engine spans -------------------------------------------------------------------------
 
     def start_span(self, now: float) -> None:
         self.admit(now)
-        if not self.running:
+        if not self.sim.running:
             self.span = None
             return
-        budget = self.hw.max_num_batched_tokens
-        decodes = [r for r in self.running if r.prefill_left == 0]
+        budget = self.sim.hw.max_num_batched_tokens
+        decodes = [r for r in self.sim.running if r.prefill_left == 0]
         budget -= len(decodes)
         chunks: list[tuple[Request, int]] = []
         steps = math.inf
         for r in decodes:
             steps = min(steps, r.decode_left)
-        for r in self.running:
+        for r in self.sim.running:
             if r.prefill_left > 0 and budget > 0:
                 c = min(r.prefill_left, budget)
                 budget -= c
@@ -107,7 +121,7 @@ class Batching(SimState):
         attn = 0.0
         kv = 0.0
         for r in decodes:
-            turn = self.trace.sessions[r.session].turns[r.turn]
+            turn = self.sim.trace.sessions[r.session].turns[r.turn]
             ctx = turn.input_tokens + (turn.output_tokens - r.decode_left) + half
             attn += ctx
             kv += ctx
@@ -116,14 +130,15 @@ class Batching(SimState):
             tokens += c
             attn += c * (pos + c / 2.0)
             kv += pos + c
-        dt = self.hw.step_seconds(tokens, attn, kv)
+        dt = self.sim.hw.step_seconds(tokens, attn, kv)
         self.span = (now, steps_i, dt, decodes, chunks)
         self.span_gen += 1
-        self.push(now + steps_i * dt, STEP, self.span_gen)
+        self.sim.push(now + steps_i * dt, STEP, self.span_gen)
 
-    def on_step(self, now: float, gen: int) -> None:
+    def on_step(self, now: float, gen: int) -> list[Request] | None:
+        """Advance the span that ends now; the requests it finished (``None``: superseded)."""
         if gen != self.span_gen or self.span is None:
-            return  # superseded by a truncation
+            return None  # superseded by a truncation
         _start, steps, _dt, decodes, chunks = self.span
         self.span = None
         finished: list[Request] = []
@@ -140,32 +155,30 @@ class Batching(SimState):
                 r.decode_left -= 1  # the last prefill step samples the first token
                 if r.decode_left <= 0:
                     finished.append(r)
-        for r in self.running:
+        for r in self.sim.running:
             if r.offer_idx < r.n_blocks:
                 self.offer(r, now)
-        for r in finished:
-            self.complete(r, now)
-        self.start_span(now)
+        return finished
 
     def offer(self, req: Request, now: float) -> None:
-        done = min(req.n_blocks, req.computed // self.bt)
+        done = min(req.n_blocks, req.computed // self.sim.bt)
         if done <= req.offer_idx or done == req.refused_at:
             # vLLM re-offers a refused range every step; with nothing new computed the answer
             # cannot change (a gate keeps refusing the request, and an eviction policy only
             # refuses an offer larger than what it could ever free), so skip the repeat.
             return
         runs = slice_runs(req.runs, req.offer_idx, done)
-        if self.lower is not None:
-            runs = self.lower.filter_offer(runs)
-        missing = self.tier.missing(runs)
-        sid = self.trace.sessions[req.session].id
-        res = self.tier.store(runs, sid, now)
+        if self.sim.lower is not None:
+            runs = self.sim.lower.filter_offer(runs)
+        missing = self.sim.tier.missing(runs)
+        sid = self.sim.trace.sessions[req.session].id
+        res = self.sim.tier.store(runs, sid, now)
         if res.admitted:
             req.offer_idx = done
             req.inserted.extend(missing)
-            self.result.host_bytes_stored += res.stored_blocks * self.block_bytes
-            if self.lower is not None:
-                self.lower.stored(missing, sid, now)
+            self.sim.result.host_bytes_stored += res.stored_blocks * self.sim.block_bytes
+            if self.sim.lower is not None:
+                self.sim.lower.stored(missing, sid, now)
         else:
             req.refused_at = done
-        self.arm_timer(now)
+        self.sim.arm_timer(now)

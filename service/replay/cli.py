@@ -41,6 +41,19 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="baselines for paired p95 deltas (default: lru,notier when replayed)",
     )
+    parser.add_argument(
+        "--no-bound",
+        action="store_true",
+        help="skip the per-run bound on saved prefill work (the saved/bound column)",
+    )
+    parser.add_argument(
+        "--ends",
+        choices=("declared", "inferred", "none"),
+        default="declared",
+        help="how sessions' ends are known: each session's final turn declares it (declared, "
+        "the default), only the sidecar's inferred ends a recorded trace marks (inferred), "
+        "or none",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write results JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
 
@@ -115,9 +128,11 @@ class _Options:
             if missing:
                 raise UsageError(f"--paired-vs {','.join(missing)}: not among --policies")
         self.trace_path: Path = args.trace
+        self.ends: str = args.ends
         self.format: str | None = args.format
         self.json: Path | None = args.json
         self.plot: Path | None = args.plot
+        self.no_bound: bool = args.no_bound
         for out in (self.json, self.plot):
             if out is not None and not out.parent.is_dir():
                 raise UsageError(f"{out}: the directory {out.parent} does not exist")
@@ -141,6 +156,8 @@ class _Options:
             self.seeds,
             self.boot,
             self.paired_vs,
+            ends=self.ends,
+            bound=not self.no_bound,
         )
 
     def extra(self, trace: Any) -> dict[str, Any]:

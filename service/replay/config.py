@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from service.policy.placement import create_placement
 from service.replay.hardware import HardwareProfile, SsdProfile
 
-__all__ = ["ReplayConfig", "TieringConfig", "WorkloadNotes"]
+__all__ = ["ENDS", "ReplayConfig", "TieringConfig", "WorkloadNotes"]
+
+#: The ways a replay learns of a session's end (:attr:`ReplayConfig.ends`).
+ENDS = ("declared", "inferred", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +24,19 @@ class ReplayConfig:
     policy_params: Mapping[str, float] | None = None
     #: An SSD tier below the host tier and its placement (``None``: the host tier only).
     tiering: TieringConfig | None = None
+    #: Record the run's accesses and compute the bound on the prefill work its host tier could
+    #: have saved (:mod:`service.replay.bound`; host tier only, ignored with ``tiering``).
+    bound: bool = False
+    #: How a session's end is known: ``declared`` (each session's final turn declares
+    #: ``last_turn``, the trace format's rule), ``inferred`` (nothing is declared; a turn the
+    #: trace marks ``likely_end``, the sidecar's inference for one-shot harness runs and
+    #: sub-agents, is hinted as one: evicted first, not reclaimed) or ``none`` (nothing is
+    #: declared or inferred: a harness that sends no end, before issue 24).
+    ends: str = "declared"
+
+    def __post_init__(self) -> None:
+        if self.ends not in ENDS:
+            raise ValueError(f"ends must be one of {', '.join(ENDS)}")
 
 
 @dataclass(frozen=True)

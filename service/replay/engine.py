@@ -49,122 +49,109 @@ would reject such a prompt.
 
 With ``ReplayConfig.tiering`` an SSD tier sits below the host tier, governed by a placement
 policy: :mod:`service.replay.tiering` creates the host tier and is called at the lookup, load,
-store, arrival and completion hooks marked ``self.lower`` (nothing changes without it).
+store, arrival and completion hooks marked ``sim.lower`` (nothing changes without it).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import cast
 
-from service.policy import GapPredictor, HostTier, create_policy, policy_class
 from service.replay.batching import Batching
+from service.replay.bound import Access, block_work, prefill_bound, saved_work
 from service.replay.config import ReplayConfig
-from service.replay.gpu_pool import GpuPrefixCache
 from service.replay.hardware import GIB
 from service.replay.model import Trace
 from service.replay.requests import Request
 from service.replay.results import RunResult, time_weighted_p95
-from service.replay.sim_state import ARRIVAL, LOAD, STEP
+from service.replay.sim_state import ARRIVAL, LOAD, STEP, SimState
 from service.replay.workload import Workload
 
 __all__ = ["simulate"]
 
 
-class _Sim(Workload, Batching):
-    """One run: the workload and the batching model over one event queue."""
+class _Sim:
+    """One run: the event loop over a workload and a batching model that share one state."""
 
     def __init__(
         self, trace: Trace, config: ReplayConfig, progress: Callable[[int], None] | None
     ) -> None:
-        self.trace = trace
-        self.config = config
-        self.hw = config.hardware
-        self.bt = trace.block_tokens
-        self.block_bytes = self.bt * self.hw.kv_bytes_per_token
-        self.progress = progress
-        cls = policy_class(config.policy)
-        self.hint_source = cls.hint_source
-        # A lifecycle-aware deployment sees a session's new request diverge from its previous
-        # one (a compaction, a rewritten last block) and drops the dead tail at once; vLLM's
-        # own policies leave it to age out.
-        self.drop_dead_tails = cls.hint_source != "none"
-        policy = create_policy(config.policy, config.policy_params)
-        capacity = int(config.host_gib * GIB // self.block_bytes)
-        self.lower: LowerTier | None = None
-        if config.tiering is None:
-            self.tier = HostTier(policy, capacity)
-        else:
+        lower_tier = None
+        if config.tiering is not None:
             from service.replay.tiering import LowerTier
 
-            self.lower = LowerTier(self, config.tiering)
-            self.tier = self.lower.host_tier(policy, capacity)
-        for seg, owner in enumerate(trace.segment_owner):
-            got = self.tier.segment(seg, session=trace.sessions[owner].id)
-            if got != seg:
-                raise AssertionError("segment interning out of order")
-        self.gpu = GpuPrefixCache(self.hw.kv_pool_blocks(self.bt), len(trace.segment_owner))
-        self.gaps = GapPredictor()
-        self.result = RunResult(policy=config.policy, seed=config.seed)
-        self.result.host_capacity_blocks = capacity
-        self.result.gpu_capacity_blocks = self.gpu.capacity
-        self.heap: list[tuple[float, int, int, object]] = []
-        self.seq = 0
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.loading = 0
-        self.pcie_free_at = 0.0
-        self.timer_at: float | None = None
-        self.span = None
-        self.span_gen = 0
-        self.build_graph()
+            lower_tier = LowerTier
+        self.sim = SimState(trace, config, progress, lower_tier)
+        self.workload = Workload(self.sim)
+        self.batching = Batching(self.sim)
 
     def finish(self) -> RunResult:
-        res = self.result
+        sim = self.sim
+        res = sim.result
         counters: Counter[str] = Counter()
-        counters.update(self.tier.counters)
-        for key, value in self.tier.policy.counters.items():
+        counters.update(sim.tier.counters)
+        for key, value in sim.tier.policy.counters.items():
             counters[f"policy_{key}"] += value
-        counters["gpu_evicted_blocks"] = self.gpu.evicted_blocks
+        counters["gpu_evicted_blocks"] = sim.gpu.evicted_blocks
         res.counters = dict(sorted(counters.items()))
-        blocks_p95, live_p95 = time_weighted_p95(self.ws_samples)
-        res.p95_live_working_set_gib = blocks_p95 * self.block_bytes / GIB
+        blocks_p95, live_p95 = time_weighted_p95(self.workload.ws_samples)
+        res.p95_live_working_set_gib = blocks_p95 * sim.block_bytes / GIB
         res.p95_live_sessions = live_p95
         if res.first_arrival_s == math.inf:
             res.first_arrival_s = 0.0
-        if self.lower is not None:
-            res.tiering = self.lower.report()
+        if sim.lower is not None:
+            res.tiering = sim.lower.report()
+        if sim.accesses is not None:
+            self._bound(res, sim.accesses)
         return res
 
+    def _bound(self, res: RunResult, admitted: list[Request]) -> None:
+        sim = self.sim
+        log = [Access(r.runs, r.lookup_s, r.done_s, r.gpu_hit, r.host_hit) for r in admitted]
+        work = block_work(sim.hw, sim.bt)
+        res.saved_work = saved_work(log, work)
+        # An unbounded tier (``infinite``) is bounded by holding everything.
+        capacity = None if sim.tier.policy.unbounded else res.host_capacity_blocks
+        bound = prefill_bound(log, capacity, work)
+        res.bound_work = bound.work
+        res.bound_seconds = bound.seconds
+        res.bound_intervals = bound.intervals
+
     def run(self) -> RunResult:
-        self.schedule_roots()
-        heap = self.heap
+        sim, workload, batching = self.sim, self.workload, self.batching
+        workload.schedule_roots()
+        heap = sim.heap
         while heap:
             now, kind, _seq, payload = heapq.heappop(heap)
             if kind == STEP:
-                self.on_step(now, cast(int, payload))
+                finished = batching.on_step(now, cast(int, payload))
+                if finished is not None:
+                    for req in finished:
+                        workload.complete(req, now)
+                    batching.start_span(now)
             elif kind == ARRIVAL:
                 session, k = cast(tuple[int, int], payload)
-                self.on_arrival(now, session, k)
+                workload.on_arrival(now, session, k)
+                batching.poke(now)
             elif kind == LOAD:
-                self.on_load(now, cast(Request, payload))
+                batching.on_load(now, cast(Request, payload))
             else:
-                if self.timer_at is not None and now >= self.timer_at:
-                    self.timer_at = None
-                self.tier.expire(now)
-                self.arm_timer(now)
-        if self.waiting or self.running or self.loading:
+                if sim.timer_at is not None and now >= sim.timer_at:
+                    sim.timer_at = None
+                sim.tier.expire(now)
+                sim.arm_timer(now)
+        if sim.waiting or sim.running or batching.loading:
             raise AssertionError("replay ended with requests still queued")
         expected = sum(
             len(s.turns)
-            for i, s in enumerate(self.trace.sessions)
-            if self.root_of[i] not in self.skipped
+            for i, s in enumerate(sim.trace.sessions)
+            if workload.root_of[i] not in workload.skipped
         )
-        if self.done_turns != expected:
-            raise AssertionError(f"replayed {self.done_turns} turns of {expected}")
+        if workload.done_turns != expected:
+            raise AssertionError(f"replayed {workload.done_turns} turns of {expected}")
         return self.finish()
 
 

@@ -69,6 +69,10 @@ class LadderSpec:
     seeds: tuple[int, ...]
     boot: int
     paired_vs: tuple[str, ...] = PAIRED_BASELINES
+    #: Compute every run's bound on saved prefill work (:mod:`service.replay.bound`).
+    bound: bool = True
+    #: How sessions' ends are known (:attr:`ReplayConfig.ends`).
+    ends: str = "declared"
 
 
 # The trace the workers replay, set in the parent just before the pool forks.
@@ -163,9 +167,17 @@ def build_ladder(
         "hint_sources": {p: policy_class(p).hint_source for p in spec.policies},
         "arrival_rate": spec.arrival_rate,
         "host_gib": spec.host_gib,
+        "ends": spec.ends,
         "hardware": spec.hardware.name,
         "seeds": list(spec.seeds),
         "boot": spec.boot,
+        "bound": (
+            "saved_over_bound: each run's prefill work saved by host hits over the LP bound on "
+            "it for that run's own access sequence (service/replay/bound.py), at the run's "
+            "host capacity (unbounded for infinite), every seed, summed over seeds"
+            if spec.bound
+            else "not computed"
+        ),
         "sessions_run": first.sessions_run,
         "sessions_skipped_oversize": first.sessions_skipped_oversize,
         "host_capacity_blocks": first.host_capacity_blocks,
@@ -182,7 +194,15 @@ def build_ladder(
 
 def ladder_configs(spec: LadderSpec) -> list[ReplayConfig]:
     return [
-        ReplayConfig(p, spec.hardware, spec.host_gib, spec.arrival_rate, seed)
+        ReplayConfig(
+            p,
+            spec.hardware,
+            spec.host_gib,
+            spec.arrival_rate,
+            seed,
+            bound=spec.bound,
+            ends=spec.ends,
+        )
         for p in spec.policies
         for seed in spec.seeds
     ]

@@ -11,12 +11,24 @@ read by the batch's attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from service.policy.endurance import Endurance
 
-__all__ = ["PROFILES", "SSD_PROFILES", "HardwareProfile", "SsdProfile", "get_profile", "get_ssd"]
+__all__ = [
+    "PROFILES",
+    "PROFILE_DIR",
+    "SSD_PROFILES",
+    "HardwareProfile",
+    "SsdProfile",
+    "get_profile",
+    "get_ssd",
+    "load_profile_file",
+]
 
 GB = 1e9
 GIB = 1024**3
@@ -52,6 +64,9 @@ class HardwareProfile:
     # around the kernels): negligible against an 8B model's GPU steps (0 there), dominant for
     # a tiny model on CPU, where it is measured (``tenure calibrate-profile``).
     step_overhead_s: float = 0.0
+    # Fixed cost of one host-tier transfer (measured by ``tenure calibrate-profile --gpu``;
+    # 0 in the spec profiles, which model bandwidth only).
+    transfer_latency_s: float = 0.0
 
     def kv_pool_bytes(self) -> float:
         """GPU memory left for the KV cache, as vLLM sizes it."""
@@ -155,6 +170,25 @@ PROFILES: dict[str, HardwareProfile] = {
         tp_efficiency=1.0,
         **_EFFICIENCY,
     ),
+    "h200-llama3-8b": HardwareProfile(
+        name="h200-llama3-8b",
+        description="1x H200 SXM 141 GB, Llama-3.1-8B fp16",
+        gpus=1,
+        # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 1,979
+        # TFLOPS with sparsity = 989 TFLOPS dense (the H100's compute); PCIe Gen5 x16 =
+        # 64 GB/s/direction. The spec-side twin of the measured h200-llama3-8b-measured.
+        hbm_bytes_per_gpu=141 * GB,
+        hbm_bandwidth_per_gpu=4.8e12,
+        bf16_dense_flops_per_gpu=989e12,
+        pcie_bandwidth_per_gpu=64 * GB,
+        **_LLAMA8B,
+        gpu_memory_utilization=0.92,
+        runtime_reserve_bytes=4 * GIB,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        tp_efficiency=1.0,
+        **_EFFICIENCY,
+    ),
     "h100nvl4-llama3-70b": HardwareProfile(
         name="h100nvl4-llama3-70b",
         description="4x H100 NVL 94 GB, tensor parallel 4, Llama-3.1-70B fp16",
@@ -221,13 +255,51 @@ PROFILES["cpu-tiny-fp32"] = HardwareProfile(
 )
 
 
+#: Measured profiles committed with the code (``tenure calibrate-profile --gpu`` writes here).
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+#: More directories of profile files, ``os.pathsep``-separated (searched first).
+PROFILE_PATH_ENV = "TENURE_HARDWARE_PATH"
+
+
+def _profile_dirs() -> list[Path]:
+    extra = os.environ.get(PROFILE_PATH_ENV, "")
+    return [Path(p) for p in extra.split(os.pathsep) if p] + [PROFILE_DIR]
+
+
+def load_profile_file(path: Path) -> HardwareProfile:
+    """A profile file written by ``tenure calibrate-profile --gpu`` (its ``profile`` part)."""
+    from service.errors import UsageError
+
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        values = document["profile"]
+        known = {f.name for f in fields(HardwareProfile)}
+        return HardwareProfile(**{k: v for k, v in values.items() if k in known})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a hardware profile file ({exc})") from None
+
+
+def _file_profiles() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for directory in reversed(_profile_dirs()):
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+            found[path.stem] = path
+    return found
+
+
 def get_profile(name: str) -> HardwareProfile:
+    """A spec profile of :data:`PROFILES`, or a measured one by its file name (without .json)
+    in ``$TENURE_HARDWARE_PATH`` or :data:`PROFILE_DIR`."""
     from service.errors import UsageError
 
     profile = PROFILES.get(name)
-    if profile is None:
-        raise UsageError(f"unknown hardware {name!r}; valid: {', '.join(sorted(PROFILES))}")
-    return profile
+    if profile is not None:
+        return profile
+    files = _file_profiles()
+    if name in files:
+        return load_profile_file(files[name])
+    valid = sorted({*PROFILES, *files})
+    raise UsageError(f"unknown hardware {name!r}; valid: {', '.join(valid)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,9 @@ def summarize(runs: Sequence[RunResult], boot: int) -> dict[str, Any]:
         for r in runs
         if r.last_completion_s > r.first_arrival_s
     ]
+    bounded = [r for r in runs if r.bound_work == r.bound_work]  # NaN: not computed
+    saved = sum(r.saved_work for r in bounded)
+    bound = sum(r.bound_work for r in bounded)
     pooled_jct = np.concatenate([s.values for s in jct])
     pooled_ttft = np.concatenate([s.values for s in ttft])
     return {
@@ -60,6 +63,15 @@ def summarize(runs: Sequence[RunResult], boot: int) -> dict[str, Any]:
         "p95_ttft_s": percentile(ttft, 95),
         "mean_ttft_s": float(pooled_ttft.mean()) if pooled_ttft.size else float("nan"),
         "host_hit_rate": hit / could if could else 0.0,
+        # Prefill work saved by host hits over the bound on it for the same run's accesses
+        # (service.replay.bound), summed over seeds; None when no run computed the bound.
+        "saved_over_bound": (saved / bound if bound > 0 else 1.0) if bounded else None,
+        "saved_over_bound_per_seed": [
+            r.saved_work / r.bound_work if r.bound_work > 0 else 1.0 for r in bounded
+        ],
+        "saved_work_flops": saved / len(bounded) if bounded else None,
+        "bound_work_flops": bound / len(bounded) if bounded else None,
+        "bound_seconds": [r.bound_seconds for r in bounded],
         "host_bytes_stored": sum(r.host_bytes_stored for r in runs) / n,
         "host_bytes_loaded": sum(r.host_bytes_loaded for r in runs) / n,
         "prefill_tokens": sum(int(np.sum(np.frombuffer(r.prefill_tokens, np.int64))) for r in runs)

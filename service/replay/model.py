@@ -58,6 +58,8 @@ class Turn:
     seen_blocks: int
     #: The session's final call (the harness would declare ``last_turn`` on it).
     last: bool
+    #: The sidecar inferred the run's end at this call (a recorded trace's ``likely_end``).
+    likely_end: bool = False
 
     @property
     def blocks(self) -> int:
@@ -142,6 +144,7 @@ def _replace_context(turn: Turn, context: tuple[Run, ...]) -> Turn:
         turn.stop,
         turn.seen_blocks,
         turn.last,
+        turn.likely_end,
     )
 
 

@@ -17,11 +17,13 @@ class Request:
         "arrival",
         "computed",
         "decode_left",
+        "done_s",
         "extra_blocks",
         "first_token",
         "gpu_hit",
         "host_hit",
         "inserted",
+        "lookup_s",
         "n_blocks",
         "offer_idx",
         "prefill_left",
@@ -49,6 +51,8 @@ class Request:
         self.offer_idx = 0
         self.refused_at = -1  # prompt blocks computed when an offer was last refused
         self.access_start = 0
+        self.lookup_s = 0.0  # when it was admitted and looked the host tier up
+        self.done_s = 0.0  # when it completed
         self.inserted: list[Run] = []
 
 

@@ -39,6 +39,12 @@ class RunResult:
     p95_live_working_set_gib: float = 0.0
     sessions_skipped_oversize: int = 0
     sessions_run: int = 0
+    #: Prefill work (FLOPs) the host tier's hits saved, and the bound on it for this run's
+    #: access sequence (:mod:`service.replay.bound`); ``bound_work`` is NaN when not computed.
+    saved_work: float = 0.0
+    bound_work: float = float("nan")
+    bound_seconds: float = 0.0
+    bound_intervals: int = 0
     #: The SSD tier's report (:meth:`service.replay.tiering.LowerTier.report`), when modelled.
     tiering: dict[str, Any] = field(default_factory=dict)
 

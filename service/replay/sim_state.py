@@ -1,13 +1,14 @@
 """The state one replay run shares between its parts, and the hooks of an SSD tier below it.
 
-The simulator is one event loop over three jobs, each in its own module: the workload and
-its session graph (:mod:`service.replay.workload`: arrivals, sub-agent spawns and joins,
-closed-loop gaps, the live working set), the engine's batching model
-(:mod:`service.replay.batching`: admission, loads, spans of identical steps, store offers),
-and result recording (:mod:`service.replay.results`). They read and write the fields declared
-here; :class:`~service.replay.engine` composes them and owns the event queue. The SSD tier
-(:mod:`service.replay.tiering`) sees the run through this class too, so it never imports the
-engine that drives it.
+The simulator is one event loop over two collaborators, each in its own module: the workload
+and its session graph (:class:`~service.replay.workload.Workload`: arrivals, sub-agent spawns
+and joins, closed-loop gaps, the live working set) and the engine's batching model
+(:class:`~service.replay.batching.Batching`: admission, loads, spans of identical steps, store
+offers). Both are handed one :class:`SimState` (the host tier, the GPU pool, the queues, the
+event queue, the result being recorded) and neither knows the other: the engine's loop
+(:mod:`service.replay.engine`) composes them, passing a finished request from the batching model
+to the workload and a new one back. The SSD tier (:mod:`service.replay.tiering`) sees the run
+through this state too, so it never imports the engine that drives it.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from service.policy import GapPredictor, HostTier
-from service.policy.base import HintSource
+from service.policy import GapPredictor, HostTier, create_policy, policy_class
 from service.policy.types import Run
-from service.replay.config import ReplayConfig
+from service.replay.config import ReplayConfig, TieringConfig
 from service.replay.gpu_pool import GpuPrefixCache
-from service.replay.hardware import HardwareProfile
+from service.replay.hardware import GIB
 from service.replay.model import Trace
-from service.replay.requests import Join, Request
+from service.replay.requests import Request
 from service.replay.results import RunResult
 
 __all__ = ["ARRIVAL", "LOAD", "STEP", "TIMER", "LowerTierHooks", "SimState", "Span"]
@@ -59,43 +59,62 @@ class LowerTierHooks(Protocol):
 
 
 class SimState:
-    """Fields of one run (set by the engine's constructor) and the event queue's two calls."""
+    """What one run's workload, batching model and SSD tier share, and the event queue."""
 
-    trace: Trace
-    config: ReplayConfig
-    hw: HardwareProfile
-    #: Tokens per block, and bytes per block of KV.
-    bt: int
-    block_bytes: int
-    progress: Callable[[int], None] | None
-    hint_source: HintSource
-    drop_dead_tails: bool
-    lower: LowerTierHooks | None
-    tier: HostTier
-    gpu: GpuPrefixCache
-    gaps: GapPredictor
-    result: RunResult
-    heap: list[tuple[float, int, int, object]]
-    seq: int
-    waiting: deque[Request]
-    running: list[Request]
-    loading: int
-    pcie_free_at: float
-    timer_at: float | None
-    span: Span | None
-    span_gen: int
-    # Per-session closed-loop bookkeeping.
-    prev_done: list[float]
-    prev_stop: list[str | None]
-    join_wait: dict[tuple[int, int], Join]
-    children: dict[tuple[int, int], list[int]]
-    root_of: list[int]
-    # Live working set: a step function sampled at every change.
-    live_blocks: dict[int, int]
-    live_total: int
-    ws_samples: list[tuple[float, int, int]]
-    done_turns: int
-    skipped: set[int]
+    def __init__(
+        self,
+        trace: Trace,
+        config: ReplayConfig,
+        progress: Callable[[int], None] | None,
+        lower_tier: Callable[[SimState, TieringConfig], LowerTierHooks] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.config = config
+        self.hw = config.hardware
+        #: Tokens per block, and bytes per block of KV.
+        self.bt = trace.block_tokens
+        self.block_bytes = self.bt * self.hw.kv_bytes_per_token
+        self.progress = progress
+        cls = policy_class(config.policy)
+        self.hint_source = cls.hint_source
+        # A lifecycle-aware deployment sees a session's new request diverge from its previous
+        # one (a compaction, a rewritten last block) and drops the dead tail at once; vLLM's
+        # own policies leave it to age out.
+        self.drop_dead_tails = cls.hint_source != "none"
+        policy = create_policy(config.policy, config.policy_params)
+        capacity = int(config.host_gib * GIB // self.block_bytes)
+        self.lower: LowerTierHooks | None = None
+        self.tier: HostTier
+        if config.tiering is None:
+            self.tier = HostTier(policy, capacity)
+        else:
+            if lower_tier is None:
+                raise ValueError("a tiering config needs the SSD tier's constructor")
+            self.lower = lower_tier(self, config.tiering)
+            self.tier = self.lower.host_tier(policy, capacity)
+        for seg, owner in enumerate(trace.segment_owner):
+            got = self.tier.segment(seg, session=trace.sessions[owner].id)
+            if got != seg:
+                raise AssertionError("segment interning out of order")
+        self.gpu = GpuPrefixCache(self.hw.kv_pool_blocks(self.bt), len(trace.segment_owner))
+        self.gaps = GapPredictor()
+        self.result = RunResult(policy=config.policy, seed=config.seed)
+        self.result.host_capacity_blocks = capacity
+        self.result.gpu_capacity_blocks = self.gpu.capacity
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.timer_at: float | None = None
+        #: Requests queued for admission, and admitted ones past their loads.
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        #: When the host->GPU link is free again (loads queue FIFO on it).
+        self.pcie_free_at = 0.0
+        #: Live blocks by session (the workload keeps it; the SSD tier stages by it).
+        self.live_blocks: dict[int, int] = {}
+        #: Admitted requests in admission order, kept for the bound (``None``: not recorded).
+        self.accesses: list[Request] | None = (
+            [] if config.bound and config.tiering is None else None
+        )
 
     def push(self, time: float, kind: int, payload: object) -> None:
         self.seq += 1
@@ -109,11 +128,3 @@ class SimState:
         if self.timer_at is None or nxt < self.timer_at:
             self.timer_at = nxt
             self.push(nxt, TIMER, None)
-
-    # Each part calls into the other: the batching model completes requests, the workload
-    # queues new ones. Declared here, defined by the part that owns it.
-    def poke(self, now: float) -> None:
-        raise NotImplementedError
-
-    def complete(self, req: Request, now: float) -> None:
-        raise NotImplementedError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,9 +40,10 @@ class ObservedTier(HostTier):
         now: float,
         *,
         misses: Sequence[Run] | None = None,
+        request: Hashable | None = None,
     ) -> StoreResult:
         self._owner.now = now
-        return super().store(runs, session, now, misses=misses)
+        return super().store(runs, session, now, misses=misses, request=request)
 
     def expire(self, now: float) -> list[Victim]:
         self._owner.now = now

@@ -21,17 +21,22 @@ from service.replay.sim_state import ARRIVAL, SimState
 __all__ = ["Workload"]
 
 
-class Workload(SimState):
-    """Arrivals, completions and the session graph of one run."""
+class Workload:
+    """Arrivals, completions and the session graph of one run.
 
-    def build_graph(self) -> None:
+    A new request is appended to the shared queue (``sim.waiting``); the engine's loop tells
+    the batching model. A finished one comes back through :meth:`complete`.
+    """
+
+    def __init__(self, sim: SimState) -> None:
         """Parent/child links, joins and roots of the trace's sessions."""
-        trace = self.trace
+        self.sim = sim
+        trace = sim.trace
         n = len(trace.sessions)
         self.prev_done = [0.0] * n  # completion time of the session's latest turn
-        self.prev_stop = [None] * n
-        self.join_wait = {}  # (session, turn) -> its join
-        self.children = {}
+        self.prev_stop: list[str | None] = [None] * n
+        self.join_wait: dict[tuple[int, int], Join] = {}  # (session, turn) -> its join
+        self.children: dict[tuple[int, int], list[int]] = {}
         for i, s in enumerate(trace.sessions):
             if s.parent is not None:
                 self.children.setdefault((s.parent, s.spawn_after), []).append(i)
@@ -41,93 +46,102 @@ class Workload(SimState):
         self.root_of = [0] * n
         for i, s in enumerate(trace.sessions):
             self.root_of[i] = i if s.parent is None else self.root_of[s.parent]
-        self.live_blocks = {}
+        # Live working set: a step function sampled at every change (blocks in sim.live_blocks).
         self.live_total = 0
-        self.ws_samples = []
+        self.ws_samples: list[tuple[float, int, int]] = []
         self.done_turns = 0
-        self.skipped = set()
+        self.skipped: set[int] = set()
 
     # --- arrivals -----------------------------------------------------------------------------
 
     def schedule_roots(self) -> None:
-        rng = random.Random(self.config.seed)
-        pool = self.hw.kv_pool_blocks(self.bt)
+        rng = random.Random(self.sim.config.seed)
+        pool = self.sim.hw.kv_pool_blocks(self.sim.bt)
         oversize: set[int] = set()
-        for i, s in enumerate(self.trace.sessions):
+        for i, s in enumerate(self.sim.trace.sessions):
             for t in s.turns:
                 if t.blocks + self._extra_blocks(t.input_tokens, t.blocks, t.output_tokens) > pool:
                     oversize.add(self.root_of[i])
                     break
         self.skipped = oversize
-        roots = [i for i in self.trace.roots if i not in oversize]
-        self.result.sessions_skipped_oversize = len(oversize)
-        self.result.sessions_run = sum(
-            1 for i in range(len(self.trace.sessions)) if self.root_of[i] not in oversize
+        roots = [i for i in self.sim.trace.roots if i not in oversize]
+        self.sim.result.sessions_skipped_oversize = len(oversize)
+        self.sim.result.sessions_run = sum(
+            1 for i in range(len(self.sim.trace.sessions)) if self.root_of[i] not in oversize
         )
         rng.shuffle(roots)
         clock = 0.0
         for root in roots:
-            clock += rng.expovariate(self.config.arrival_rate)
-            self.push(clock, ARRIVAL, (root, 0))
-        self.result.first_arrival_s = math.inf
+            clock += rng.expovariate(self.sim.config.arrival_rate)
+            self.sim.push(clock, ARRIVAL, (root, 0))
+        self.sim.result.first_arrival_s = math.inf
 
     def _extra_blocks(self, tokens_in: int, blocks: int, tokens_out: int) -> int:
-        tail = tokens_in - blocks * self.bt + max(tokens_out, 1)
-        return -(-tail // self.bt)
+        tail = tokens_in - blocks * self.sim.bt + max(tokens_out, 1)
+        return -(-tail // self.sim.bt)
 
     def on_arrival(self, now: float, session: int, k: int) -> None:
-        sess = self.trace.sessions[session]
+        sess = self.sim.trace.sessions[session]
         turn = sess.turns[k]
         sid = sess.id
-        self.result.first_arrival_s = min(self.result.first_arrival_s, now)
+        self.sim.result.first_arrival_s = min(self.sim.result.first_arrival_s, now)
         if k == 0:
             for child in self.children.get((session, -1), ()):
-                self.push(now + self.trace.sessions[child].turns[0].gap_s, ARRIVAL, (child, 0))
+                spawn = now + self.sim.trace.sessions[child].turns[0].gap_s
+                self.sim.push(spawn, ARRIVAL, (child, 0))
         else:
-            self.gaps.observe(self.prev_stop[session], now - self.prev_done[session])
-            if self.drop_dead_tails:
+            self.sim.gaps.observe(self.prev_stop[session], now - self.prev_done[session])
+            if self.sim.drop_dead_tails:
                 self._drop_dead(session, sess.turns[k - 1].context, turn.context)
-        if self.lower is not None:
-            self.lower.on_arrival(session, k, now)
+        if self.sim.lower is not None:
+            self.sim.lower.on_arrival(session, k, now)
         self._set_live(now, session, turn.blocks)
         req = Request(session, k, now, turn.context)
         req.extra_blocks = self._extra_blocks(turn.input_tokens, req.n_blocks, turn.output_tokens)
-        self.tier.request_start(sid, now)
-        if self.hint_source != "none":
-            if self.hint_source == "exact":
+        self.sim.tier.request_start(sid, now)
+        if self.sim.hint_source != "none":
+            declared = turn.last and self.sim.config.ends == "declared"
+            if self.sim.hint_source == "exact":
                 gap = None if turn.last else sess.turns[k + 1].gap_s
             else:
-                gap = None if turn.last else self.gaps.predict(self.prev_stop[session])
-            self.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=turn.last), now)
-            self.arm_timer(now)
-        self.waiting.append(req)
-        self.poke(now)
+                gap = None if declared else self.sim.gaps.predict(self.prev_stop[session])
+            self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=declared), now)
+            self.sim.arm_timer(now)
+        self.sim.waiting.append(req)
 
     # --- completion -------------------------------------------------------------------------
 
     def complete(self, req: Request, now: float) -> None:
         session = req.session
-        sess = self.trace.sessions[session]
+        sess = self.sim.trace.sessions[session]
         turn = sess.turns[req.turn]
         sid = sess.id
-        self.running.remove(req)
+        self.sim.running.remove(req)
+        req.done_s = now
         used = slice_runs(req.runs, req.access_start, req.n_blocks)
-        self.tier.access(used, now, session=sid, inserted=req.inserted)
-        self.gpu.release(req.runs, req.extra_blocks)
-        if self.lower is not None:
-            self.lower.on_complete(session, req.turn, now)
-        if self.hint_source == "predicted" and not turn.last:
-            gap = self.gaps.predict(turn.stop)
-            self.tier.hint(sid, SessionHint(expected_gap_s=gap), now)
-        self.arm_timer(now)
-        self.result.record(self.root_of[session], req, turn.seen_blocks, now, self.bt)
+        self.sim.tier.access(used, now, session=sid, inserted=req.inserted)
+        self.sim.gpu.release(req.runs, req.extra_blocks)
+        if self.sim.lower is not None:
+            self.sim.lower.on_complete(session, req.turn, now)
+        declared = turn.last and self.sim.config.ends == "declared"
+        if (
+            self.sim.hint_source != "none"
+            and self.sim.config.ends == "inferred"
+            and turn.likely_end
+        ):
+            self.sim.tier.hint(sid, SessionHint(likely_end=True), now)
+        elif self.sim.hint_source == "predicted" and not declared:
+            gap = self.sim.gaps.predict(turn.stop)
+            self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap), now)
+        self.sim.arm_timer(now)
+        self.sim.result.record(self.root_of[session], req, turn.seen_blocks, now, self.sim.bt)
         self.prev_done[session] = now
         self.prev_stop[session] = turn.stop
         self.done_turns += 1
-        if self.progress is not None and self.done_turns % 1000 == 0:
-            self.progress(1000)
+        if self.sim.progress is not None and self.done_turns % 1000 == 0:
+            self.sim.progress(1000)
         for child in self.children.get((session, req.turn), ()):
-            self.push(now + self.trace.sessions[child].turns[0].gap_s, ARRIVAL, (child, 0))
+            self.sim.push(now + self.sim.trace.sessions[child].turns[0].gap_s, ARRIVAL, (child, 0))
         if turn.last:
             self._set_live(now, session, None)
             if sess.join is not None and sess.parent is not None:
@@ -137,7 +151,7 @@ class Workload(SimState):
         wait = self.join_wait.get((session, nxt))
         own = now + sess.turns[nxt].gap_s
         if wait is None:
-            self.push(own, ARRIVAL, (session, nxt))
+            self.sim.push(own, ARRIVAL, (session, nxt))
         else:
             wait.ready = max(wait.ready, own)
             wait.own_done = True
@@ -152,25 +166,25 @@ class Workload(SimState):
     def _maybe_release(self, session: int, turn: int, wait: Join) -> None:
         # The turn arrives once its own gap has begun and every joined child is done.
         if wait.own_done and wait.children == 0:
-            self.push(wait.ready, ARRIVAL, (session, turn))
+            self.sim.push(wait.ready, ARRIVAL, (session, turn))
 
     def _drop_dead(self, session: int, prev: Sequence[Run], new: Sequence[Run]) -> None:
         kept = {seg: stop for seg, _start, stop in new}
-        owner = self.trace.segment_owner
+        owner = self.sim.trace.segment_owner
         dead = [
             Run(seg, kept.get(seg, 0), stop)
             for seg, _start, stop in prev
             if owner[seg] == session and kept.get(seg, 0) < stop
         ]
         if dead:
-            self.tier.drop(dead)
+            self.sim.tier.drop(dead)
 
     # --- live working set -------------------------------------------------------------------
 
     def _set_live(self, now: float, session: int, blocks: int | None) -> None:
-        old = self.live_blocks.pop(session, 0)
+        old = self.sim.live_blocks.pop(session, 0)
         self.live_total -= old
         if blocks is not None:
-            self.live_blocks[session] = blocks
+            self.sim.live_blocks[session] = blocks
             self.live_total += blocks
-        self.ws_samples.append((now, self.live_total, len(self.live_blocks)))
+        self.ws_samples.append((now, self.live_total, len(self.sim.live_blocks)))

@@ -1,7 +1,7 @@
 """Each session's segment bookkeeping in Redis: one bounded JSON string per session.
 
 ``P:seg:T:S`` (:meth:`~service.state.keys.Keys.segments`) holds the
-:class:`~service.api.segment_state.SegmentState` codec's bytes: role, parent, the ranker's
+:class:`~service.api.segments.state.SegmentState` codec's bytes: role, parent, the ranker's
 prediction, the prompt-side segments of the latest turn and the facts of its response. Its id
 space is the session's (tenant-scoped key, sidecar-chosen segment ids), its size is bounded by
 the wire's segment limit, it expires with the session record and is deleted when the session

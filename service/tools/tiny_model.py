@@ -16,15 +16,20 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "DEMO_SHAPE",
     "JSON_TOKENS",
     "PLAIN_WORDS",
     "TINY_MODEL_VERSION",
+    "TINY_SHAPE",
     "TOOL_NAME",
     "VOCAB_SIZE",
+    "ModelLayout",
     "ensure_tiny_model",
+    "layout_named",
     "word_prompt",
 ]
 
@@ -45,6 +50,55 @@ VOCAB_SIZE = 2048 + len(JSON_TOKENS)
 #: Plain words ``w0 .. w<PLAIN_WORDS - 1>``: one token each, the stuff prompts are made of.
 PLAIN_WORDS = 2048 - len(_SPECIAL) - 3
 _MARKER = "tenure_tiny_model.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    """The shape of a random-weight Llama (same vocabulary and chat template for every one)."""
+
+    name: str
+    #: Directory (and marker) of the cached checkpoint: bump when the layout changes.
+    version: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters of the matmuls a token goes through (2 FLOPs each), LM head included."""
+        attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp) + self.hidden * VOCAB_SIZE
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V of one token, every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+
+#: The engine tests' model: 2 layers, hidden 256, 4 KV heads (cheap to start and to run).
+TINY_SHAPE = ModelLayout("tiny", TINY_MODEL_VERSION, 256, 512, 2, 4, 4)
+#: ``tenure up``'s model (issue 28): chosen so that recomputing a KV block costs, relative to
+#: loading it from the host tier, about what it costs on an H100 serving Llama-3.1-8B (which
+#: has 61,000 matmul parameters per KV byte; this CPU's float32 matmuls and host copies need
+#: fewer for the same ratio). Measured with ``tenure calibrate-profile``: see
+#: :mod:`service.calibrate.demo_profile`. Grouped-query attention (one KV head for 8 query
+#: heads, as Llama's 4:1 but further) keeps the KV small while the matmuls grow.
+DEMO_SHAPE = ModelLayout("demo", "demo-llama-v1", 512, 1536, 4, 8, 1)
+_LAYOUTS = {layout.name: layout for layout in (TINY_SHAPE, DEMO_SHAPE)}
+
+
+def layout_named(name: str) -> ModelLayout:
+    layout = _LAYOUTS.get(name)
+    if layout is None:
+        raise ValueError(f"unknown model layout {name!r}; valid: {', '.join(sorted(_LAYOUTS))}")
+    return layout
+
 
 _CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -67,7 +121,7 @@ def word_prompt(seed: int, n_tokens: int) -> str:
     return " ".join(rng.choice(words) for _ in range(n_tokens))
 
 
-def _write(target: Path) -> None:
+def _write(target: Path, layout: ModelLayout) -> None:
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -87,11 +141,11 @@ def _write(target: Path) -> None:
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        hidden_size=layout.hidden,
+        intermediate_size=layout.intermediate,
+        num_hidden_layers=layout.layers,
+        num_attention_heads=layout.heads,
+        num_key_value_heads=layout.kv_heads,
         # Room for the live A/B's scaled Claude Code contexts (one token per 64-token block).
         max_position_embeddings=4096,
         bos_token_id=1,
@@ -109,17 +163,18 @@ def _write(target: Path) -> None:
     model = model.to(torch.bfloat16)  # type: ignore[arg-type]
     model.config.torch_dtype = torch.bfloat16
     model.save_pretrained(target, safe_serialization=True)
-    (target / _MARKER).write_text(json.dumps({"version": TINY_MODEL_VERSION}))
+    (target / _MARKER).write_text(json.dumps({"version": layout.version}))
 
 
-def ensure_tiny_model(cache_dir: str | os.PathLike[str]) -> Path:
-    """Return the path of the tiny model under ``cache_dir``, generating it if missing."""
+def ensure_tiny_model(cache_dir: str | os.PathLike[str], layout: ModelLayout = TINY_SHAPE) -> Path:
+    """Return the path of the model of ``layout`` (the tiny one by default) under
+    ``cache_dir``, generating it if missing."""
     root = Path(cache_dir)
-    target = root / TINY_MODEL_VERSION
+    target = root / layout.version
     marker = target / _MARKER
     if marker.is_file():
         try:
-            if json.loads(marker.read_text()).get("version") == TINY_MODEL_VERSION:
+            if json.loads(marker.read_text()).get("version") == layout.version:
                 return target
         except (OSError, ValueError):
             pass
@@ -127,7 +182,7 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str]) -> Path:
     # Build in a sibling temp dir and rename, so a concurrent or interrupted build never leaves
     # a half-written model that looks complete.
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
-    _write(tmp)
+    _write(tmp, layout)
     try:
         tmp.rename(target)
     except OSError:
@@ -149,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         default=str(Path.home() / ".cache" / "tenure" / "models"),
         help="where the checkpoint goes (a subdirectory per layout version)",
     )
+    parser.add_argument(
+        "--layout", default="tiny", choices=sorted(_LAYOUTS), help="which model (tiny)"
+    )
     args = parser.parse_args(argv)
-    print(ensure_tiny_model(args.cache_dir))
+    print(ensure_tiny_model(args.cache_dir, _LAYOUTS[args.layout]))
     return 0
 
 

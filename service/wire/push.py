@@ -93,6 +93,9 @@ class Decision(msgspec.Struct, tag="decision", kw_only=True, frozen=True):
     #: re-computes the timer from it on every snapshot; ``host_ttl_s`` is the same timer at
     #: the price when issued (what an adapter without the clock applies, as before).
     host_rent_limit: float | None = None
+    #: The run probably ended with this turn (an inferred end, not a declared one): the
+    #: session's blocks go first among the resident, but are not reclaimed.
+    likely_end: bool = False
 
 
 class RetentionState(msgspec.Struct, kw_only=True, frozen=True):

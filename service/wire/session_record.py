@@ -51,6 +51,8 @@ class RecordField(StrEnum):
     WORKERS = "workers"
     INFERRED = "inferred"
     UNDO = "undo"
+    #: The newest prefix keys of an inferred session (the ``TURN_START`` script's own).
+    PREFIX_KEYS = "px"
 
 
 def _float(value: str | None) -> float | None:

@@ -138,6 +138,35 @@ def test_simulator_tracks_the_engine_and_the_gap_between_the_arms(ab: dict[str, 
 
 
 @pytest.mark.timeout(700)
+def test_verdict_block_costs_and_one_interleaving(ab: dict[str, Any]) -> None:
+    """Issue 28: both arms follow the simulated run's order, every headline figure is either
+    given to an arm or said to be not separated, and the model's recompute/load ratio is
+    printed beside the GPU profile's."""
+    doc = ab["doc"]
+    assert doc["config"]["layout"] == "demo"
+    assert doc["config"]["dispatch"].startswith("planned")
+    for arm in doc["arms"].values():
+        assert arm["gate_forced"] == 0 and arm["gate_held_s"] >= 0
+    for calls in doc["calls"].values():
+        assert all(c["cached_tokens"] is not None for c in calls)
+    assert "total_computed_tokens" in doc["paired_delta"]
+    rows = {r["figure"]: r for r in doc["verdict"]}
+    assert set(rows) == {
+        "host_hit_rate",
+        "prompt_tokens_computed",
+        "resumed_ttft",
+        "turn_completion",
+    }
+    for row in rows.values():
+        assert (row["better"] in ("lru", "tenure")) != bool(row["why_not_separated"]), row
+    assert ab["stdout"].count("verdict: tenure - lru") == 4
+    costs = doc["block_costs"]
+    assert costs["gpu_profile"]["ratio"] > 5
+    assert costs["this_run"]["ratio"] > 0  # the tenure arm loaded from the host tier
+    assert "h100-llama3-8b" in ab["stdout"] and "recompute/load" in ab["stdout"]
+
+
+@pytest.mark.timeout(700)
 def test_nothing_left_running(ab: dict[str, Any]) -> None:
     for stack in ab["doc"]["config"]["stacks"].values():
         assert not http_ok(stack["proxy"] + "/healthz")

@@ -63,3 +63,22 @@ def test_the_adapter_spells_no_private_vllm_name_outside_the_compat_module() -> 
         text = path.read_text()
         offenders += [f"{path.relative_to(root)}: {n}" for n in names if f".{n}" in text]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "0.33rc1.dev2", "dev"])
+def test_another_vllm_release_gets_one_error_naming_the_supported_range(version: str) -> None:
+    from engine_adapter.vllm_compat import UnsupportedVllmError, check_supported
+
+    with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x to 0\.33\.x"):
+        check_supported(version)
+
+
+def test_the_installed_vllm_is_supported_and_tenure_lru_follows_its_lru() -> None:
+    from engine_adapter.vllm_compat import check_supported, core_params
+
+    release = check_supported()
+    assert release in ((0, 32), (0, 33))
+    expected = 1.0 if release >= (0, 33) else 0.0
+    assert core_params("lru", None) == {"request_ranks": expected}
+    assert core_params("lru", {"request_ranks": 0.0}) == {"request_ranks": 0.0}
+    assert core_params("tenure", None) is None  # no LRU ranks to set

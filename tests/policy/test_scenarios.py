@@ -7,6 +7,7 @@ import math
 import pytest
 
 from service.policy import EvictionClass, Run, SessionHint
+from service.policy.sessions import SessionPolicy
 from tests.policy.harness import Harness
 
 
@@ -182,3 +183,40 @@ def test_ttl_pins_until_expiry_then_force_evicts_earliest_pin() -> None:
         EvictionClass.TTL,
         EvictionClass.RECENCY,
     }
+
+
+def _lives(h: Harness) -> SessionPolicy:
+    policy = h.tier.policy
+    assert isinstance(policy, SessionPolicy)
+    return policy
+
+
+def test_a_likely_end_goes_first_but_is_not_reclaimed() -> None:
+    """Issue 24: an inferred end (a one-shot run's final answer) is evicted before any live
+    session, overdue ones included, yet keeps its blocks until room is needed, and a run
+    resumed later (``--continue``) hits what is still resident."""
+    h = Harness("tenure", 20, {"overdue_slack_s": 1.0, "overdue_slack_frac": 0.0})
+    h.turn("overdue", 10, 0.0, gap=1.0)
+    h.turn("ended", 10, 1.0, gap=300.0)
+    assert h.tier.hint("ended", SessionHint(likely_end=True), 2.0) == []
+    assert h.resident("ended") == 10  # no reclaim: the end is only inferred
+    # A newcomer needs 5 blocks at t=10: "overdue" is late, yet "ended" goes first.
+    result = h.turn("new", 5, 10.0, gap=5.0)
+    assert {v.cls for v in result.victims} == {EvictionClass.FINISHED}
+    assert h.resident("ended") == 5 and h.resident("overdue") == 10
+    # The run comes back: its head is still resident and is hit.
+    seg = h.seg("ended")
+    h.tier.request_start("ended", 20.0)
+    assert h.tier.lookup([Run(seg, 0, 10)]) == 5
+    h.tier.hint("ended", SessionHint(expected_gap_s=60.0), 20.0)
+    assert not _lives(h).peek("ended").finished  # live again
+
+
+def test_a_likely_end_hint_while_active_applies_when_the_turn_ends() -> None:
+    h = Harness("tenure", 20)
+    h.turn("s", 10, 0.0, gap=5.0)
+    h.tier.request_start("s", 10.0)
+    h.tier.hint("s", SessionHint(likely_end=True), 10.0)
+    assert not _lives(h).peek("s").finished  # its turn still reads its context
+    h.tier.access([Run(h.seg("s"), 0, 10)], 11.0)
+    assert _lives(h).peek("s").finished and h.resident("s") == 10

@@ -259,4 +259,5 @@ def test_a_cut_stream_ends_with_anthropic_error_event(sidecar, client):
     assert reply.content.endswith(b"\n\n") and b"event: error\ndata: " in reply.content
     assert b"[DONE]" not in reply.content  # not OpenAI's ending on Anthropic's route
     record = _session(client, "cut-1")
-    assert record["turn"] == 1 and record["state"] != "finished"
+    # Taken back (issue 24): the harness's retry is the same turn.
+    assert record["turn"] == 0 and record["state"] != "finished"

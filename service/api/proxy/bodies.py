@@ -14,7 +14,8 @@ import msgspec
 from service.api.hints import dialects
 from service.api.turns.book import Turn
 from service.api.upstream.client import UpstreamResponse
-from service.state.keys import scoped_session_id
+from service.harness.profiles import HARNESS_HEADERS
+from service.wire.engine_session import engine_session_id
 
 __all__ = [
     "NOT_JSON",
@@ -43,6 +44,7 @@ _READ_HEADERS = frozenset(
         b"content-length",
         b"x-api-key",
         *(h.encode() for h in dialects.DIALECT_HEADERS),
+        *(h.encode() for h in HARNESS_HEADERS),
     }
 )
 
@@ -152,9 +154,10 @@ def wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 def with_session_headers(
     headers: list[tuple[bytes, bytes]], names: tuple[bytes, ...], turn: Turn | None
 ) -> list[tuple[bytes, bytes]]:
-    """``headers`` without the client's router-affinity headers, plus the tracked session's."""
+    """``headers`` without the client's session headers, plus the tracked session's engine id
+    (:func:`~service.wire.engine_session.engine_session_id`: vLLM's own session field)."""
     out = [(name, value) for name, value in headers if name.lower() not in names]
     if turn is not None:
-        value = scoped_session_id(turn.tenant, turn.session).encode()
+        value = engine_session_id(turn.tenant, turn.session).encode()
         out.extend((name, value) for name in names)
     return out

@@ -18,8 +18,11 @@ stop reason, usage, errors, stream events). Per request, in this order:
 7. **turn end**: after the answer left, the shape's reading of it (stop reason, tool, usage)
    recorded with the turn as guard, the recording's answer side under **the route's own name**;
    an upstream that never took the request (an error status, unreachable, timed out, a client
-   gone) takes the turn back; a stream cut after its status keeps its turn, does not finish its
-   session, and is ended with **the route's own error event**.
+   gone) takes the turn back, and so does a stream the upstream cut after its status (the
+   harness retries it at once: the retry is the same turn); a cut stream never finishes its
+   session and is ended with **the route's own error event**. The harness's own fields
+   (:mod:`service.api.hints.harness`) name sub-agents as child sessions and infer the end of a
+   one-shot run at its final answer.
 
 **Degraded mode (Redis down), the same on every route.** A turn that needs Redis only to be
 counted goes upstream uncounted (fail open: ``kv_transfer_params.tenure.degraded`` is true,
@@ -48,6 +51,7 @@ from starlette.responses import Response
 
 from service.api.errors import openai_error, unavailable
 from service.api.hints import dialects
+from service.api.hints.harness import HarnessRules
 from service.api.hints.tenure import HintError, Hints, parse_hints
 from service.api.proxy.bodies import (
     NOT_JSON,
@@ -95,6 +99,7 @@ from service.state import aliases
 from service.state.breaker import StateUnavailable
 from service.state.keys import scoped_session_id
 from service.state.store import StateStore
+from service.wire.engine_session import ENGINE_SESSION_HEADER, engine_session_id
 
 __all__ = ["TRACKED", "Handler", "Proxy"]
 
@@ -127,6 +132,9 @@ def _error_format(path: str) -> RouteShape:
 
 
 _PASSTHROUGH = "passthrough"
+#: Routes whose vLLM request body has a ``session_id`` field (chat, completions, responses in
+#: vLLM 0.32 and 0.33; its Anthropic ``/v1/messages`` has none and reads ``X-Session-ID``).
+_BODY_SESSION_ROUTES = frozenset({"chat", "completions", "responses"})
 
 
 class Proxy:
@@ -158,8 +166,12 @@ class Proxy:
         # Router affinity headers (vllm-router's X-Session-ID, ...): set from the tracked
         # session, and a client's own values dropped, so a router keys on the session the
         # sidecar resolved, never on what a caller claims.
+        # X-Session-ID always: it is also vLLM's own session field (its KV events carry it).
         self._session_headers = tuple(
-            name.lower().encode() for name in settings.session_header_names
+            dict.fromkeys(
+                name.lower().encode()
+                for name in (ENGINE_SESSION_HEADER, *settings.session_header_names)
+            )
         )
         self._request_counters: dict[tuple[str, int], Any] = {}
         self._latency = {
@@ -167,6 +179,7 @@ class Proxy:
             for route in (*(shape.name for shape in TRACKED), _PASSTHROUGH)
         }
         self._dialect_events: dict[tuple[str, str, str], Any] = {}
+        self.harness = HarnessRules(metrics)
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -229,11 +242,16 @@ class Proxy:
                 # to the stored answer whatever the session is called.
                 chained = await self._chained(tenant, prepared.chain)
                 native = dataclasses.replace(native, session=native.session or chained)
+            own = hints
             hints = self._with_dialects(hints, headers, payload, native)
+            hints, harness = self.harness.apply(hints, own, headers, payload)
             sidecar_named = hints.session is None and prepared.new_session is not None
             if sidecar_named:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
+            # vLLM's own session field is the sidecar's too (read after the dialects, which
+            # may take a harness's session from it): never a client's raw value upstream.
+            dropped = payload.pop("session_id", None) is not None or dropped
             digests: list[str] = []
             if hints.session is None and prepared.infer is not None and tenant.infer_sessions:
                 digests = prepared.infer()
@@ -242,11 +260,14 @@ class Proxy:
             if turn is not None:
                 turn.info = prepared.info
                 turn.sidecar_named = sidecar_named
+                turn.harness = harness
+                turn.infer_end = tenant.infer_run_end
+                self.turns.child_started(turn)
                 if self.recorder is not None:
                     turn.record = self.recorder.begin(payload, hints, route, tenant.name)
             seg_tags = await self._segment_tags(request, turn, pending, payload, hints)
             if turn is not None or had_tenure or dropped:
-                body = self._rewrite(payload, turn, hints, seg_tags)
+                body = self._rewrite(payload, turn, hints, seg_tags, route)
         except HintError as exc:
             self.turns.finish(turn, FAILED)
             self.metrics.hint_rejections.labels(exc.label).inc()
@@ -345,9 +366,13 @@ class Proxy:
         turn: Turn | None,
         hints: Hints,
         seg_tags: dict[str, Any] | None,
+        route: str,
     ) -> bytes:
-        """The body as forwarded: ``kv_transfer_params.tenure`` is the sidecar's own."""
+        """The body as forwarded: ``kv_transfer_params.tenure`` and vLLM's ``session_id`` are
+        the sidecar's own."""
         if turn is not None:
+            if route in _BODY_SESSION_ROUTES:
+                payload["session_id"] = engine_session_id(turn.tenant, turn.session)
             kv = payload.get("kv_transfer_params")
             if kv is None:
                 kv = {}
@@ -520,7 +545,9 @@ class Proxy:
                 self.metrics.upstream_errors.labels(error.kind).inc()
             elif outcome != STREAM_DONE:
                 self.metrics.client_disconnects.inc()
-            if status >= 400:
+            if status >= 400 or outcome == STREAM_UPSTREAM_CUT:
+                # A stream the engine cut is retried by the harness at once (Claude Code and
+                # Codex within 0.01-0.25 s): taken back, so the retry is the same turn.
                 self.turns.finish(turn, FAILED)
             else:
                 self.turns.finish(turn, OK if outcome == STREAM_DONE else CUT)

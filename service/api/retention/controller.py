@@ -86,6 +86,7 @@ class RetentionControl:
         clock: Callable[[], float],
         knobs: RetentionKnobs,
         owner: str,
+        on_change: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -100,7 +101,7 @@ class RetentionControl:
         self.config = RuntimeConfig()
         self.views: dict[str, TenantRetention] = {t: TenantRetention() for t in self.tenants}
         #: Called after a branch change (the app broadcasts a push snapshot).
-        self.on_change: Callable[[], Awaitable[None]] | None = None
+        self.on_change = on_change
         self._rent_moved = False
 
     # --- what a suspension is priced with ---------------------------------------------------
@@ -368,7 +369,11 @@ class RetentionControl:
 
 
 def build_retention(
-    settings: Settings, store: StateStore, metrics: Metrics, clock: Callable[[], float]
+    settings: Settings,
+    store: StateStore,
+    metrics: Metrics,
+    clock: Callable[[], float],
+    on_change: Callable[[], Awaitable[None]] | None = None,
 ) -> RetentionControl:
     """The app's controller: the configured tenants (or the default one), knobs from settings,
     and this replica's lease identity (host, process, a random part: never a secret)."""
@@ -383,7 +388,7 @@ def build_retention(
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     control = RetentionControl(
         RetentionStore(store, window=knobs.window), metrics.retention, tenants=tenants,
-        clock=clock, knobs=knobs, owner=owner,
+        clock=clock, knobs=knobs, owner=owner, on_change=on_change,
     )  # fmt: skip
     metrics.on_resumes = control.record_resumes
     return control

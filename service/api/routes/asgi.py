@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from service.api.errors import openai_error
@@ -30,9 +32,17 @@ class SidecarApp(FastAPI):
     route goes through FastAPI as usual.
     """
 
-    fast_routes: dict[str, _Handler]
-    #: Largest body of a lifecycle or admin request (the proxy has its own, larger limit).
-    api_max_body_bytes: int = 1024 * 1024
+    def __init__(
+        self, *, fast_routes: dict[str, _Handler], api_max_body_bytes: int, **fastapi: Any
+    ) -> None:
+        super().__init__(**fastapi)
+        #: The tracked routes' POST handlers by path (also registered as ordinary routes,
+        #: for the schema and for other methods).
+        self.fast_routes = fast_routes
+        #: Largest body of a lifecycle or admin request (the proxy has its own, larger limit).
+        self.api_max_body_bytes = api_max_body_bytes
+        for position, (path, handler) in enumerate(fast_routes.items()):
+            self.router.routes.insert(position, Route(path, handler, methods=["POST"]))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

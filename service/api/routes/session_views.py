@@ -116,7 +116,13 @@ def view(session: str, record: SessionRecord, now: float, slack_s: float) -> Ses
     state = record.state if record.state is not None else "idle"
     wakeup = record.wakeup_at
     cls = (
-        lifecycle.classify(state, wakeup, now, slack_s)  # type: ignore[arg-type]
+        lifecycle.classify(
+            state,  # type: ignore[arg-type]
+            wakeup,
+            now,
+            slack_s,
+            likely_end=(record.reason or "").startswith(lifecycle.LIKELY_END),
+        )
         if state in ("active", "idle", "suspended", "finished")
         else None
     )

@@ -3,7 +3,7 @@
 With ``TENURE_SEGMENTS=true`` every tracked request of an explicitly named session
 (``X-Tenure-Session``; inferred sessions carry no segments) gets the segment fields of
 ``kv_transfer_params.tenure`` (:mod:`service.wire.segments`): its role, its parent and
-the ranker's prediction for a worker, and the segments :func:`service.api.segments.split_turn`
+the ranker's prediction for a worker, and the segments :func:`service.api.segments.split.split_turn`
 finds. The proxy calls
 
 1. :meth:`SegmentTracker.admit` before the turn is counted: reads the session's state and

@@ -268,6 +268,8 @@ def digests_of(payload: Mapping[str, Any]) -> list[str]:
 class MessagesShape:
     name = "messages"
     path = "/v1/messages"
+    #: Claude Code's sub-agents are spawned here (issue 24): their worker class and spawn
+    #: record come from segment tracking.
     tracks_segments = True
     chat_messages = True
 

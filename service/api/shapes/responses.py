@@ -132,6 +132,7 @@ def continued(payload: Mapping[str, Any]) -> str | None:
 class ResponsesShape:
     name = "responses"
     path = "/v1/responses"
+    #: Codex's sub-agent threads are spawned here (issue 24).
     tracks_segments = True
     chat_messages = False
     error = staticmethod(openai_error_shape)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from service.api.hints.harness import likely_end
 from service.api.hints.tenure import HintError, Hints
 from service.api.segments.facts import ResponseFacts, StreamFacts
 from service.api.segments.tracker import PendingTurn as SegmentTurn
@@ -25,8 +26,10 @@ from service.api.turns import decisions
 from service.api.turns.forecasts import TurnForecasts
 from service.api.turns.recorder import PendingTurn, Recorder
 from service.api.turns.runtime import Runtime
+from service.harness.profiles import HarnessReading
 from service.metrics import Metrics
 from service.policy import lifecycle, stop_class
+from service.policy.ranker import HeuristicRanker, SpawnRecord
 from service.settings import Settings, TenantSpec
 from service.state import aliases
 from service.state.breaker import StateUnavailable
@@ -72,6 +75,10 @@ class Turn:
     #: While recording (service.api.turns.recorder): the request side, and the answer's usage.
     record: PendingTurn | None = None
     usage: dict[str, int] | None = None
+    #: What the harness's own fields said (service.harness.profiles), and whether the
+    #: tenant lets a run's end be inferred from them.
+    harness: HarnessReading | None = None
+    infer_end: bool = True
     #: The session is one the sidecar named (a Responses request with no key): if its first
     #: turn is taken back, no client can ever continue it, so its record goes too.
     sidecar_named: bool = False
@@ -120,6 +127,8 @@ class TurnBook:
             outcome: metrics.early_forwards.labels(outcome)
             for outcome in ("confirmed", "wrong_turn", "state_unavailable")
         }
+        #: A lead waiting for a harness's sub-agent waits about a worker's lifetime.
+        self._child_lifetime = HeuristicRanker()
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait for pending end-of-turn writes (shutdown)."""
@@ -225,6 +234,67 @@ class TurnBook:
             )  # fmt: skip
         return start
 
+    def child_started(self, turn: Turn) -> None:
+        """A harness's sub-agent sent a request: on its first turn, its lead waits for it."""
+        if turn.parent is None or turn.harness is None or not turn.harness.subagent:
+            return
+        if turn.turn == 1 or turn.counting is not None:
+            self.keep(self._loop.create_task(self._lead_waits(turn)))
+
+    async def _lead_waits(self, turn: Turn) -> None:
+        start = turn.start
+        if turn.counting is not None:
+            try:
+                start = await turn.counting
+            except Exception:
+                return  # said where the count is awaited (the end of the turn)
+        if start is None or isinstance(start, Uncounted) or start.turn != 1:
+            return
+        assert turn.parent is not None
+        lifetime = self._child_lifetime.predict_lifetime_s(SpawnRecord(subagent_type=""))
+        await self._decide_lead(
+            turn.tenant, turn.parent,
+            lambda now: lifecycle.on_awaiting_child(now, child_lifetime_s=lifetime),
+            unless_reason="child_returned",  # a child that answered at once came first
+        )  # fmt: skip
+
+    async def _decide_lead(
+        self,
+        tenant: str,
+        lead: str,
+        decide: Callable[[float], lifecycle.LifecycleDecision],
+        unless_reason: str = "",
+    ) -> None:
+        """A decision for a lead idle between its turns, guarded by its turn number (a lead
+        that has moved on keeps its own newer decision)."""
+        await self.settled(tenant, lead)
+        try:
+            record = await self.store.get_session(tenant, lead)
+            if record is None or record.state != "idle" or not record.turn:
+                return
+            if unless_reason and record.reason == unless_reason:
+                return
+            now = self.clock()
+            decision = decide(now)
+            message = decisions.as_message(
+                decision, tenant=tenant, session=lead, turn=record.turn, parent=record.parent,
+                now=now,
+            )  # fmt: skip
+            update = decisions.as_update(
+                decision, message, now=now, session_ttl_s=self.settings.session_ttl_s,
+                finished_ttl_s=self.settings.finished_ttl_s,
+            )  # fmt: skip
+            status, _seq = await self.store.apply(
+                tenant, lead, update, now=now, guard=(RecordField.TURN, str(record.turn))
+            )
+        except StateUnavailable:
+            return
+        except Exception:
+            log.exception("updating a lead for its sub-agent failed")
+            return
+        if status is ApplyStatus.APPLIED:
+            decisions.count(self.metrics, decision)
+
     def finish(self, turn: Turn | None, outcome: str) -> None:
         if turn is None or turn.turn == 0:
             return  # untracked, or forwarded fail-open: there is no record to update
@@ -274,18 +344,22 @@ class TurnBook:
         if outcome == FAILED:
             await self._take_back(turn, start)
             return
+        now = self.clock()
+        hints = turn.hints
+        ended = None
+        if outcome == OK and not hints.last_turn and hints.expected_gap_s is None:
+            ended = likely_end(turn.harness, turn.stop_reason, now, enabled=turn.infer_end)
         if turn.record is not None and self.recorder is not None:
             # Its own task: recording never delays the turn's decision.
             task = self._loop.create_task(
                 self.recorder.finish(
                     turn.record, tenant=turn.tenant, session=start.session, turn=start.turn,
                     stop=turn.stop_reason, usage=turn.usage, cut=outcome == CUT,
+                    likely_end=ended is not None,
                 )
             )  # fmt: skip
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
-        now = self.clock()
-        hints = turn.hints
         decision = lifecycle.on_response(
             now,
             stop_reason=turn.stop_reason,
@@ -295,6 +369,8 @@ class TurnBook:
             predictor=self.runtime.predictor(turn.tenant),
             tool=turn.tool,
         )
+        if ended is not None:
+            decision = ended
         message = decisions.as_message(
             decision, tenant=turn.tenant, session=start.session, turn=start.turn,
             parent=turn.parent, now=now,
@@ -330,6 +406,10 @@ class TurnBook:
             return
         if turn.answer_id is not None:
             await self._remember_answer(turn, start.session)
+        subagent = turn.harness is not None and turn.harness.subagent
+        if ended is not None and subagent and turn.parent is not None:
+            # The child answered its lead: the lead's next request is due now.
+            await self._decide_lead(turn.tenant, turn.parent, lifecycle.on_child_returned)
         if status is ApplyStatus.APPLIED:
             decisions.count(self.metrics, decision)
             if decision.expected_gap_s is not None:

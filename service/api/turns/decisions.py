@@ -34,6 +34,7 @@ def as_message(
         reason=decision.reason,
         issued_at=now,
         host_rent_limit=decision.host_rent_limit,
+        likely_end=decision.likely_end,
     )
 
 
@@ -67,6 +68,8 @@ def as_update(
     finished = decision.state == "finished"
     if finished:
         live_score = None
+    elif decision.likely_end:
+        live_score = float("inf")  # no wake-up expected: last in wake-up order
     elif decision.wakeup_at is not None:
         live_score = decision.wakeup_at
     else:

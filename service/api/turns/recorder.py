@@ -256,6 +256,7 @@ class Recorder:
         stop: str | None,
         usage: dict[str, int] | None,
         cut: bool,
+        likely_end: bool = False,
     ) -> None:
         prompt, completion = usage_tokens(pending.route, usage)
         try:
@@ -277,6 +278,7 @@ class Recorder:
                 cut=cut,
                 chunk_bytes=self.chunk_bytes,
                 route=pending.route,
+                likely_end=likely_end and not cut,
             )
             blob = _encode(event)
             await self._append(

@@ -232,7 +232,7 @@ def _as_upstream_error(error: UpstreamError | _Stale) -> UpstreamError:
 
 
 class RawUpstream:
-    """An :class:`~service.api.upstream_client.UpstreamClient` over raw asyncio connections."""
+    """An :class:`~service.api.upstream.client.UpstreamClient` over raw asyncio connections."""
 
     def __init__(
         self,

@@ -116,7 +116,13 @@ def load_canonical(path: Path) -> Trace:
             context, seen = builder.resolve(_blocks(raw.get("blocks", []), w), index)
             if sum(r.stop - r.start for r in context) * block_tokens > n_in:
                 raise TraceError(f"{w}: more blocks than input tokens")
-            turns.append(Turn(gap, context, n_in, n_out, stop, seen, k == len(raw_turns) - 1))
+            hints = raw.get("hints") or {}
+            if not isinstance(hints, dict):
+                raise TraceError(f"{w}: 'hints' must be an object")
+            likely_end = hints.get("likely_end", False) is True
+            turns.append(
+                Turn(gap, context, n_in, n_out, stop, seen, k == len(raw_turns) - 1, likely_end)
+            )
         index_of[sid] = index
         root_of.append(root)
         trace.sessions.append(Session(sid, tuple(turns), parent, spawn_after, join))
