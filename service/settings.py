@@ -19,6 +19,7 @@ from service.settings_values import (
     TENANT_NAME,
     TOKEN_CHARS,
     Z85_KEY,
+    check_redis_url,
     error_location,
     is_loopback_host,
     parse_sentinels,
@@ -280,6 +281,12 @@ class Settings(BaseSettings):
     def _prefix(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9._-]{1,32}$", value):
             raise ValueError("redis_prefix must be 1-32 characters of [A-Za-z0-9._-]")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr) -> SecretStr:
+        check_redis_url(value.get_secret_value())
         return value
 
     @field_validator("redis_sentinels")

@@ -60,6 +60,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--plot", type=Path, help="write a plot over time here (PNG)")
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
+    parser.add_argument(
+        "--render", type=Path, metavar="RESULT_JSON",
+        help="run nothing: recompute the plateau verdict of a saved run (RESULT_JSON and its "
+        "_series.json) and redraw --plot",
+    )  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -122,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     from benchmarks.soak.driver import plans_from_trace
     from service.cli import UsageError
 
+    if args.render is not None:
+        return _rerender(args.render, args.plot)
     if args.minutes <= 0 or args.sessions_per_s <= 0:
         raise UsageError("--minutes and --sessions-per-s must be positive")
     trace = Path(args.trace)
@@ -147,6 +154,17 @@ def run(args: argparse.Namespace) -> int:
         from benchmarks.soak.report import plot
 
         plot(result, args.plot)
+    return 0
+
+
+def _rerender(path: Path, plot_path: Path | None) -> int:
+    from benchmarks.soak.report import rerender
+    from service.cli import UsageError
+
+    series = path.with_name(path.stem + "_series.json")
+    if not path.is_file() or not series.is_file():
+        raise UsageError(f"--render needs {path} and {series} from a saved run")
+    _print(rerender(path, plot_path))
     return 0
 
 
@@ -223,9 +241,12 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
             f"soak: {args.minutes:g} min, {args.sessions_per_s:g} sessions/s, engine={args.engine}"
         )
         asyncio.run(main())
+        read_at = time.monotonic() - t0
         records = _read_back(urls[0], list(ledger.acks))
         kills = [f["at_s"] for f in faults if f["kind"] == "redis_master_killed"]
-        checks = ledger.check(records, kills, WINDOW_S)
+        checks = ledger.check(
+            records, kills, WINDOW_S, read_at=read_at, finished_ttl_s=_finished_ttl_s()
+        )
         engines = http_json("GET", f"{urls[0]}/admin/engines", timeout=10)["engines"]
         moves = sum(int(e["sessions_moved_in"]) for e in engines)
         if adapters is not None:
@@ -234,6 +255,15 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
         args=vars(args), ledger=ledger, checks=checks, faults=faults, samples=samples,
         duration_s=duration, slack_s=FAULT_SLACK_S, engines=engines, moves=moves,
     )  # fmt: skip
+
+
+def _finished_ttl_s() -> float:
+    """The sidecars' ``finished_ttl_s`` (they inherit this process's environment)."""
+    from service.settings import Settings
+
+    return float(
+        os.environ.get("TENURE_FINISHED_TTL_S", Settings.model_fields["finished_ttl_s"].default)
+    )
 
 
 def _model_cache() -> Path:
@@ -316,6 +346,13 @@ def _print(result: dict[str, Any]) -> None:
     ]  # fmt: skip
     for key in keys:
         print(f"{key:40s} {result.get(key)}")
+    plateau = result.get("plateau") or {}
+    for name, curve in plateau.get("curves", {}).items():
+        verdict = {True: "flat", False: "NOT FLATTENED", None: "unknown"}[curve.get("flat")]
+        print(
+            f"plateau {name:24s} {verdict:14s} {curve.get('slope_mib_per_hour')} MiB/h over "
+            f"t = {plateau['window_s'][0]:g}-{plateau['window_s'][1]:g} s"
+        )
     for fault in result["faults"]:
         print(
             f"fault {fault['kind']:24s} at {fault['at_s']:7.1f}s healed {fault['healed_s']:7.1f}s"

@@ -6,7 +6,9 @@ was acknowledged. At the end each session's record in Redis is read back through
 and compared: a session whose record is missing or older than its newest acknowledged write
 lost that write; it is *inside the window* when it was acknowledged less than ``window_s``
 before a Redis master was killed (asynchronous replication's loss window), else it counts in
-``acknowledged_writes_lost``.
+``acknowledged_writes_lost``. A *finished* session acknowledged more than the sidecar's
+``finished_ttl_s`` before the read-back has expired by design: it is counted as
+``acknowledged_writes_expired``, never as lost.
 """
 
 from __future__ import annotations
@@ -50,8 +52,13 @@ class Ledger:
         records: dict[str, dict[str, object] | None],
         master_kills: list[float],
         window_s: float,
+        *,
+        read_at: float | None = None,
+        finished_ttl_s: float | None = None,
     ) -> dict[str, object]:
-        """Compare the ledger with the records read back (``None``: not found)."""
+        """Compare the ledger with the records read back (``None``: not found) at ``read_at``
+        (seconds since the start), with the sidecar's ``finished_ttl_s``."""
+        expired: list[str] = []
         lost: list[str] = []
         lost_in_window: list[str] = []
         mismatched: list[str] = []
@@ -66,12 +73,22 @@ class Ledger:
             )
             if ok:
                 continue
+            if (
+                record is None
+                and ack.state == "finished"
+                and read_at is not None
+                and finished_ttl_s is not None
+                and read_at - ack.at > finished_ttl_s
+            ):
+                expired.append(session)
+                continue
             in_window = any(0 <= kill - ack.at < window_s for kill in master_kills)
             (lost_in_window if in_window else lost).append(session)
             if not in_window:
                 mismatched.append(session)
         return {
             "acknowledged_writes": len(self.acks),
+            "acknowledged_writes_expired": len(expired),
             "acknowledged_writes_lost": len(lost),
             "acknowledged_writes_lost_in_window": len(lost_in_window),
             "ledger_mismatches": len(mismatched),

@@ -7,11 +7,18 @@ from typing import Any
 
 from benchmarks.soak.ledger import Ledger
 
-__all__ = ["plot", "summarize"]
+__all__ = ["flatness", "plot", "rerender", "summarize"]
 
 #: Samples before this fraction of the run are warm-up (imports, pools, first sessions): the
 #: growth slopes are fitted after it.
 WARMUP_FRACTION = 0.2
+#: The plateau is judged on the last this-many seconds of the run (or its second half, if
+#: shorter): a leak shows there as a slope that a run's early filling cannot explain.
+PLATEAU_WINDOW_S = 1800.0
+#: A curve is flat when its fitted change over the window is within this fraction of its
+#: level, or within :data:`FLAT_FLOOR_MIB` (a small curve's allocator noise).
+FLAT_FRACTION = 0.02
+FLAT_FLOOR_MIB = 0.5
 
 
 def _slope_per_hour(points: list[tuple[float, float]]) -> float | None:
@@ -26,6 +33,78 @@ def _slope_per_hour(points: list[tuple[float, float]]) -> float | None:
         return None
     cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
     return round(cov / var * 3600, 3)
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``(slope per second, intercept)`` of ``(t_s, value)``."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in points) / var
+    return slope, mean_v - slope * mean_t
+
+
+def _curves(samples: list[dict[str, Any]], faults: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each memory curve's samples, cut where it starts anew (a restarted sidecar replica, the
+    Redis replica promoted by a failover): ``{name: [(t_s, MiB), ...]}``."""
+    restart = next((f["healed_s"] for f in faults if f["kind"] == "sidecar_killed"), None)
+    promoted = next((f["healed_s"] for f in faults if f["kind"] == "redis_master_killed"), None)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key in sorted({k for s in samples for k in s if k.startswith("rss_mib_")}):
+        points = [(s["t"], s[key]) for s in samples if s.get(key) is not None]
+        if restart is not None and key.endswith("_1"):
+            points = [p for p in points if p[0] > restart + 10]
+        out[f"sidecar-{key.removeprefix('rss_mib_')} RSS"] = points
+    redis = [(s["t"], s["redis_mib"]) for s in samples if s.get("redis_mib") is not None]
+    if promoted is not None:
+        redis = [p for p in redis if p[0] > promoted + 10]
+    out["Redis used_memory"] = redis
+    return out
+
+
+def flatness(
+    samples: list[dict[str, Any]], faults: list[dict[str, Any]], duration_s: float
+) -> dict[str, Any]:
+    """Whether each memory curve has flattened: its least-squares slope over the last
+    :data:`PLATEAU_WINDOW_S` (the second half of a shorter run), the change that slope makes
+    over the window, and ``flat`` when that change is within :data:`FLAT_FRACTION` of the
+    curve's level (or :data:`FLAT_FLOOR_MIB`). ``not_flattened`` names the curves that are
+    not, so a report cannot call a still-rising curve a plateau."""
+    window = min(PLATEAU_WINDOW_S, duration_s / 2)
+    start = duration_s - window
+    curves: dict[str, Any] = {}
+    for name, points in _curves(samples, faults).items():
+        tail = [p for p in points if p[0] >= start]
+        fit = _fit(tail)
+        if fit is None:
+            curves[name] = {"flat": None, "why": "fewer than 3 samples in the window"}
+            continue
+        slope, intercept = fit
+        level = sum(v for _, v in tail) / len(tail)
+        change = slope * window
+        bound = max(FLAT_FRACTION * level, FLAT_FLOOR_MIB)
+        curves[name] = {
+            "slope_mib_per_hour": round(slope * 3600, 3),
+            "change_over_window_mib": round(change, 3),
+            "level_mib": round(level, 2),
+            "flat_bound_mib": round(bound, 3),
+            "flat": abs(change) <= bound,
+            "fit": [round(slope, 9), round(intercept, 4)],
+            "samples": len(tail),
+        }
+    return {
+        "window_s": [round(start, 1), round(duration_s, 1)],
+        "rule": (
+            f"flat: |slope x window| <= max({FLAT_FRACTION:.0%} of the level, {FLAT_FLOOR_MIB} MiB)"
+        ),
+        "curves": curves,
+        "not_flattened": sorted(n for n, c in curves.items() if c.get("flat") is False),
+    }
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -117,6 +196,7 @@ def summarize(
         "p50_latency_ms_outside_faults": _p(calm, 0.5),
         "p99_latency_ms_outside_faults": _p(calm, 0.99),
         "p99_latency_ms_during_faults": _p(stormy, 0.99),
+        "plateau": flatness(samples, faults, duration_s),
         "faults": faults,
         "engines": engines,
         "series": {
@@ -161,6 +241,25 @@ def plot(result: dict[str, Any], path: Path) -> None:
         axes[2].plot(
             [s["t"] for s in samples], [s.get("redis_mib") for s in samples], label="Redis used"
         )
+    plateau = result.get("plateau")
+    if plateau:
+        start, end = plateau["window_s"]
+        axes[2].axvline(start, color="black", linewidth=0.6, linestyle=":")
+        verdicts = [f"slope over t = {start:g}-{end:g} s (dashed):"]
+        for name, curve in plateau["curves"].items():
+            if curve.get("fit") is None:
+                continue
+            slope, intercept = curve["fit"]
+            axes[2].plot(
+                [start, end], [intercept + slope * start, intercept + slope * end],
+                color="black", linewidth=1.0, linestyle="--",
+            )  # fmt: skip
+            verdict = "flat" if curve["flat"] else "NOT FLATTENED"
+            verdicts.append(f"{name}: {curve['slope_mib_per_hour']:+.2f} MiB/h, {verdict}")
+        axes[2].text(
+            0.99, 0.5, "\n".join(verdicts), transform=axes[2].transAxes, fontsize=7,
+            ha="right", va="center", bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0},
+        )  # fmt: skip
     axes[2].set_ylabel("MiB")
     axes[2].set_xlabel("seconds")
     axes[2].legend(loc="upper left", fontsize=8)
@@ -183,3 +282,19 @@ def plot(result: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def rerender(path: Path, plot_path: Path | None) -> dict[str, Any]:
+    """Recompute the plateau verdict of a saved run (``path`` and its ``_series.json``) with
+    this module's rules, rewrite ``path`` and redraw the plot: a report rule changed after a
+    long run does not need the run again."""
+    import json
+
+    result: dict[str, Any] = json.loads(path.read_text())
+    series = json.loads(path.with_name(path.stem + "_series.json").read_text())
+    duration_s = float(result["minutes"]) * 60
+    result["plateau"] = flatness(series["samples"], result["faults"], duration_s)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if plot_path is not None:
+        plot({**result, "series": series}, plot_path)
+    return result

@@ -332,14 +332,32 @@ class RidgeRanker:
             raise RankerArtefactError(
                 f"{path}: cannot read ranker artefact ({exc.strerror})"
             ) from None
+        except UnicodeDecodeError as exc:
+            raise RankerArtefactError(
+                f"{path}: not UTF-8 text (byte {exc.start}); not a ranker artefact"
+            ) from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise RankerArtefactError(
                 f"{path}: not JSON ({exc.msg} at line {exc.lineno})"
             ) from None
+        except RecursionError:
+            # An artefact is a few lists deep; a file nested beyond the parser's stack is not one.
+            raise RankerArtefactError(
+                f"{path}: JSON nested too deep for a ranker artefact"
+            ) from None
+        except ValueError as exc:  # e.g. an integer longer than Python converts
+            raise RankerArtefactError(f"{path}: not usable JSON ({exc})") from None
         return cls.from_json(doc, str(path))
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A number a float can hold: JSON's integers are unbounded, and one past the float range
+    (a 400-digit integer) would raise in ``float()`` instead of being refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False

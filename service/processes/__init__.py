@@ -64,15 +64,39 @@ def http_json(
     headers: dict[str, str] | None = None,
     timeout: float = 60.0,
 ) -> Any:
-    """One JSON request (standard library only: the launcher must not need the web stack)."""
+    """One JSON request (standard library only: the launcher must not need the web stack).
+
+    A 503 with ``Retry-After`` (the sidecar's answer while its Redis is away or failing over)
+    is retried after the delay it names, for up to ``timeout`` seconds in all: the API's
+    contract, kept by its own client.
+    """
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    for key, value in (headers or {}).items():
-        request.add_header(key, value)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        raw = response.read()
-    return json.loads(raw) if raw else None
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(url, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        for key, value in (headers or {}).items():
+            request.add_header(key, value)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+            return json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            delay = _retry_after(exc)
+            if delay is None or time.monotonic() + delay > deadline:
+                raise
+            exc.close()
+            time.sleep(delay)
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> float | None:
+    """The delay a 503 asks for (at least 50 ms, at most 5 s), or None for anything else."""
+    if exc.code != 503:
+        return None
+    try:
+        return min(5.0, max(0.05, float(exc.headers.get("Retry-After", ""))))
+    except ValueError:
+        return None
 
 
 def scrape(url: str, timeout: float = 10.0) -> dict[str, float]:

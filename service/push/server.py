@@ -81,6 +81,32 @@ _TAIL_COALESCE_S = 0.01
 _MAX_FRAME_BYTES = 1 << 20
 #: Snapshots per peer: a burst of this many, then one per second.
 _SNAPSHOT_BURST = 4.0
+#: Largest magnitude a report's number may have: what a float (a Prometheus value) holds
+#: exactly, far above any real per-interval delta or gauge.
+_MAX_REPORT_VALUE = 2**53
+#: Largest per-report session move count: it is summed in Redis (``HINCRBY``, signed 64-bit),
+#: so a bound here keeps the sum from overflowing for 2**31 reports.
+_MAX_REPORT_MOVES = 2**32
+
+
+def _report_in_range(report: ResidencyReport) -> bool:
+    """Whether every number of ``report`` is one the metrics and Redis can take. The wire
+    format's integers are unbounded (msgpack carries up to 2**64 - 1), and an adapter's
+    ``cold_sessions = 2**63`` overflowed ``HINCRBY`` with a traceback per report."""
+    numbers: list[int | float] = [
+        report.report_seq, report.at, report.stores, report.stored_blocks, report.refusals,
+        report.refused_blocks, report.host_hit_blocks, report.loads, report.bytes_stored,
+        report.bytes_loaded, report.ttl_expiries, report.ttl_repriced, report.sessions_tracked,
+        report.last_applied_seq, *report.evicted_blocks.values(),
+        *report.resident_bytes.values(),
+    ]  # fmt: skip
+    for resume in report.resumes:
+        numbers += [resume.wait_s, resume.host_held_s, resume.prompt_tokens, resume.hbm_tokens,
+                    resume.host_tokens, resume.computed_tokens]  # fmt: skip
+    if not abs(report.cold_sessions) <= _MAX_REPORT_MOVES:
+        return False
+    # ``not abs(x) <= bound`` is also true of NaN.
+    return not any(not abs(x) <= _MAX_REPORT_VALUE for x in numbers)
 
 
 @dataclass(slots=True)
@@ -288,6 +314,9 @@ class PushServer:
             self.metrics.push_messages.labels("in", "residency").inc()
             peer = self._touch(identity, label, now)
             if peer is None:
+                return
+            if not _report_in_range(message):
+                self.metrics.push_bad_frames.inc()
                 return
             if message.report_seq <= peer.last_report_seq:
                 return  # a duplicate (or a replay): its deltas were counted already

@@ -47,11 +47,20 @@ class Breaker:
     def remaining_s(self) -> float:
         return max(0.0, self._open_until - self._clock())
 
-    async def call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
-        if self.is_open:
+    async def call(self, op: str, make: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
+        """``make()`` unless the breaker is open; a failure opens it.
+
+        A ``patient`` call (an operator's or a client's write that someone waits on, never a
+        proxied request) goes to Redis even while the breaker is open, and its success closes
+        the breaker. One timeout opens the breaker so that proxied requests stop waiting on
+        Redis; but on a busy host a single reply late by a socket timeout is no outage, and an
+        admin write answered 503 for a second because a background read was slow (what a
+        loaded 2-core machine did to ``POST /admin/waits``) is a failure the breaker made up.
+        """
+        if self.is_open and not patient:
             raise StateUnavailable("state store unavailable", retry_after_s=self.remaining_s())
         try:
-            return await make()
+            result = await make()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             self._open_until = self._clock() + self.retry_after_s
             if self._on_error is not None:
@@ -62,3 +71,6 @@ class Breaker:
             ) from exc
         except redis.exceptions.BusyLoadingError as exc:  # pragma: no cover - subclass above
             raise StateUnavailable("state store loading", retry_after_s=1.0) from exc
+        if patient:
+            self._open_until = 0.0  # Redis answered: proxied requests may use it again
+        return result

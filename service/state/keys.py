@@ -12,6 +12,7 @@ Layout (``P`` = the configured prefix, ``T`` = tenant, ``S`` = session id within
 * ``P:dtable``        hash: tenant-scoped session id -> newest decision (the push snapshot)
 * ``P:dgc``           sorted set: decision-table entries scored by when they may be dropped
 * ``P:waits``         list: observed suspension waits (seconds), newest first, bounded
+* ``P:calwaits``      list: the calibration sample posted to ``POST /admin/waits``, bounded
 * ``P:suspends``      list: Unix times of recent suspensions (the lambda estimate), bounded
 * ``P:config``        string: runtime configuration (JSON) set through ``/admin/config``
 * ``P:seg:T:S``       string: one session's segment bookkeeping (JSON, bounded; see
@@ -98,6 +99,11 @@ class Keys:
     @property
     def waits(self) -> str:
         return f"{self.prefix}:waits"
+
+    @property
+    def calibration_waits(self) -> str:
+        """The SRE's calibration sample (``POST /admin/waits``): never a tenant's own waits."""
+        return f"{self.prefix}:calwaits"
 
     @property
     def suspensions(self) -> str:

@@ -60,7 +60,8 @@ class RetentionStore:
         return f"{self._prefix}:ret:lease"
 
     async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
-        return await self._store.breaker.call(op, make)
+        # The controller's state and log: never on a proxied request's path.
+        return await self._store.breaker.call(op, make, patient=True)
 
     async def _push(self, key: str, value: str) -> None:
         async def run() -> Any:

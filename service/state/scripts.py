@@ -281,7 +281,8 @@ return {1, seq}
 
 #: KEYS: 1 session, 2 live index, 3 dseq, 4 decisions stream, 5 decision table, 6 table gc,
 #:       7 gap observations, 8 waits
-#: ARGV: 1 now, 2 the turn to take back, 3 session id, 4 scoped id, 5 stream maxlen
+#: ARGV: 1 now, 2 the turn to take back, 3 session id, 4 scoped id, 5 stream maxlen,
+#:       6 '1': delete a session born with this turn (one the sidecar named)
 #: Returns: {status, seq}: 1 taken back, 0 not the session's current turn any more (another
 #: turn started, or the turn already ended), -1 missing
 #:
@@ -289,7 +290,7 @@ return {1, seq}
 #: and wake-up fields, the live-index score and expiry; drops the gap or wait sample the
 #: turn added if it is still the newest; and, if the turn published "active", publishes the
 #: session's previous decision again (a new session's entry is dropped from the table). A new
-#: session stays known, as "idle" with no turns.
+#: session stays known, as "idle" with no turns, unless ARGV[6] asks it gone.
 ROLLBACK = (
     _PUBLISH
     + """
@@ -314,16 +315,24 @@ for _, item in ipairs(restore) do
     table.insert(gone, item[1])
   end
 end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('HDEL', KEYS[1], unpack(gone))
-redis.call('HINCRBY', KEYS[1], 'version', 1)
-if u[8] ~= '' then
-  redis.call('ZADD', KEYS[2], u[8], ARGV[3])
-elseif u[2] == 'finished' then
-  redis.call('ZREM', KEYS[2], ARGV[3])
-end
 local pttl = tonumber(u[9])
-if pttl and pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
+if pttl == -2 and ARGV[6] == '1' then
+  -- The record was born with this turn (PTTL -2: no key before it) under a name only the
+  -- sidecar knows: taking the turn back takes the session back too, or every refused first
+  -- turn would leave a record and an index entry behind for session_ttl_s.
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[3])
+else
+  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('HDEL', KEYS[1], unpack(gone))
+  redis.call('HINCRBY', KEYS[1], 'version', 1)
+  if u[8] ~= '' then
+    redis.call('ZADD', KEYS[2], u[8], ARGV[3])
+  elseif u[2] == 'finished' then
+    redis.call('ZREM', KEYS[2], ARGV[3])
+  end
+  if pttl and pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
+end
 local list = nil
 if u[10] == 'g' then list = KEYS[7] elseif u[10] == 'w' then list = KEYS[8] end
 if list and redis.call('LINDEX', list, 0) == u[11] then redis.call('LPOP', list) end

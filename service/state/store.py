@@ -100,6 +100,11 @@ class StateStore:
     async def _call(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
         return await self.breaker.call(op, make)
 
+    async def _call_patient(self, op: str, make: Callable[[], Awaitable[T]]) -> T:
+        """A call nobody's proxied request waits on (samples, config, engines): it tries Redis
+        even while the breaker is open (see :meth:`Breaker.call`)."""
+        return await self.breaker.call(op, make, patient=True)
+
     # --- hot path ---------------------------------------------------------------------------
 
     async def turn_start(
@@ -156,9 +161,10 @@ class StateStore:
         )
 
     async def rollback_turn(
-        self, tenant: str, session: str, turn: int, *, now: float
+        self, tenant: str, session: str, turn: int, *, now: float, forget_new: bool = False
     ) -> tuple[RollbackStatus, int]:
         """Take back turn ``turn`` (the upstream refused it); ``(status, seq)`` as ROLLBACK.
+        ``forget_new``: a session born with this turn is deleted, not kept as idle.
 
         Only the session's current, still active turn is taken back: if another turn started
         meanwhile, nothing changes (status 0) and the failed turn stays counted.
@@ -180,6 +186,7 @@ class StateStore:
             session,
             scoped_session_id(tenant, session),
             str(self.limits.decision_stream_maxlen),
+            "1" if forget_new else "0",
         ]
         raw = await self._call("rollback", lambda: self._scripts.call(self._rollback, keys, args))
         return RollbackStatus(int(raw[0])), int(raw[1])
@@ -375,7 +382,9 @@ class StateStore:
     async def gap_observations(self, tenant: str, count: int) -> list[GapObservation]:
         """Observed gaps, oldest first (the order the predictor must learn them in)."""
         key = self.keys.gap_observations(tenant)
-        raw = await self._call("gap_observations", lambda: self.client.lrange(key, 0, count - 1))
+        raw = await self._call_patient(
+            "gap_observations", lambda: self.client.lrange(key, 0, count - 1)
+        )
         out: list[GapObservation] = []
         for i, item in enumerate(reversed(raw)):
             observation = parse_observation(item)
@@ -395,13 +404,18 @@ class StateStore:
                 pipe.lindex(key, 0)
                 return list(await pipe.execute())
 
-        length, head = await self._call("gap_observations", fetch)
+        length, head = await self._call_patient("gap_observations", fetch)
         return int(length), text(head) if head is not None else ""
 
     async def float_samples(self, which: str, count: int) -> list[float]:
-        """Recent suspension waits (``"waits"``) or suspension times (``"suspensions"``)."""
-        key = {"waits": self.keys.waits, "suspensions": self.keys.suspensions}[which]
-        raw = await self._call(which, lambda: self.client.lrange(key, 0, count - 1))
+        """Recent observed suspension waits (``"waits"``, every tenant's), the SRE's
+        calibration sample (``"calibration_waits"``) or suspension times (``"suspensions"``)."""
+        key = {
+            "waits": self.keys.waits,
+            "calibration_waits": self.keys.calibration_waits,
+            "suspensions": self.keys.suspensions,
+        }[which]
+        raw = await self._call_patient(which, lambda: self.client.lrange(key, 0, count - 1))
         out = []
         for i, item in enumerate(raw):
             try:
@@ -413,7 +427,9 @@ class StateStore:
         return out
 
     async def add_wait_samples(self, waits: Sequence[float]) -> int:
-        key, limit = self.keys.waits, self.limits.wait_samples_maxlen
+        # Its own list: the observed waits list holds every tenant's resumes, and scoring a
+        # tenant on it let one tenant's waits decide another's branch.
+        key, limit = self.keys.calibration_waits, self.limits.wait_samples_maxlen
 
         async def push() -> list[Any]:
             async with self.client.pipeline(transaction=True) as pipe:
@@ -422,14 +438,14 @@ class StateStore:
                 pipe.llen(key)
                 return list(await pipe.execute())
 
-        result = await self._call("waits", push)
+        result = await self._call_patient("waits", push)
         return int(result[-1])
 
     # --- runtime configuration --------------------------------------------------------------
 
     async def get_config(self) -> dict[str, Any] | None:
         key = self.keys.config
-        raw = await self._call("config", lambda: self.client.get(key))
+        raw = await self._call_patient("config", lambda: self.client.get(key))
         if raw is None:
             return None
         value = msgspec.json.decode(raw)
@@ -456,7 +472,7 @@ class StateStore:
                     except aioredis.WatchError:
                         continue
 
-        return await self._call("config", transact)
+        return await self._call_patient("config", transact)
 
     # --- engines (several behind a router) -----------------------------------------------
 
@@ -471,6 +487,7 @@ class StateStore:
                     pipe.hincrby(k.engine_moves, engine, moves)
                 await pipe.execute()
 
+        # The push server's receive loop waits on this: fail fast while Redis is away.
         await self._call("engines", write)
 
     async def engines(self) -> list[tuple[str, dict[str, Any], int]]:
@@ -483,7 +500,7 @@ class StateStore:
                 pipe.hgetall(k.engine_moves)
                 return list(await pipe.execute())
 
-        summaries, moves = await self._call("engines", read)
+        summaries, moves = await self._call_patient("engines", read)
         counts = {text(name): int(value) for name, value in moves.items()}
         out = []
         for name, raw in sorted(summaries.items()):

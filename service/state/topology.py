@@ -49,7 +49,10 @@ class RedisTopology:
         return "cluster" if self.cluster else "sentinel" if self.sentinels else "url"
 
     def __repr__(self) -> str:  # never the URL: it may carry a password
-        where = ",".join(f"{h}:{p}" for h, p in self.sentinels) or _host_of(self.url)
+        # The host part only, even of a sentinel address that slipped past the settings.
+        where = ",".join(f"{h.rpartition('@')[2]}:{p}" for h, p in self.sentinels) or _host_of(
+            self.url
+        )
         return f"RedisTopology({self.mode}: {where}, master={self.master_name!r})"
 
 

@@ -253,7 +253,7 @@ def test_cluster_store_reads(redis_cluster: ClusterGroup):
         store = StateStore(client, Keys.build("ct", hash_tag=True), Breaker(1.0), StoreLimits())
         try:
             assert await store.add_wait_samples([1.0, 2.0]) == 2
-            assert await store.float_samples("waits", 10) == [2.0, 1.0]
+            assert await store.float_samples("calibration_waits", 10) == [2.0, 1.0]
             updated = await store.update_config(lambda doc: {**(doc or {}), "n": 1})
             assert updated == {"n": 1}
             seq, table = await store.decision_table()

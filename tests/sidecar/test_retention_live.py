@@ -75,9 +75,10 @@ def test_lambda_and_waits_come_from_the_stream_and_a_switch_is_logged(sidecar_fa
         log = _admin(http, "GET", "/admin/retention/decisions", params={"tenant": "default"})
         first = log.json()["decisions"][0]
         assert first["tenant"] == "default" and first["reason"] == view["reason"]
-        # 8 observed waits < the 10 needed: the deployment's calibration sample (the same 8
-        # waits so far) is scored, and the reason says so.
-        assert first["samples"] == 8 and "calibration sample" in first["reason"]
+        # 8 observed waits < the 10 needed and no SRE sample posted: the tenant's own waits
+        # (8 observed, 4 still suspended) are scored. Issue 23, defect 1: the observed waits
+        # (every tenant's) were scored here as if they were POST /admin/waits's sample.
+        assert first["samples"] == 12 and "calibration sample" not in first["reason"]
         metrics = http.get("/metrics").text
         assert 'tenure_retention_decisions_total{changed="false",tenant="default"}' in metrics
         assert 'tenure_retention_branch{branch="ttl",tenant="default"} 1.0' in metrics
@@ -278,7 +279,7 @@ def test_a_branch_change_is_pushed_and_reported_resumes_are_counted(sidecar_fact
             peer.receive(Snapshot)  # the config change's own snapshot
             assert _admin(http, "POST", "/admin/waits", json={"waits_s": [5.0] * 50}).is_success
             reply = _admin(http, "POST", "/admin/retention/decide", params={"tenant": "default"})
-            assert reply.json()["tenants"][0]["branch"] == "retain"
+            assert reply.json()["tenants"][0]["branch"] == "retain", reply.json()
             # The switch went out at once, without waiting for the periodic snapshot.
             pushed = peer.receive(Snapshot, timeout_s=3)
             assert pushed.config.retention["default"].branch == "retain"

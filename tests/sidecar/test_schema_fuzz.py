@@ -66,6 +66,11 @@ def test_lifecycle_and_admin_routes_never_5xx(fuzzed: ServerThread, upstream) ->
         ("POST", "/v1/completions"),
         ("GET", "/v1/{path}"),
         ("POST", "/v1/{path}"),
+        # Issue 23: the stored-response routes, with their ownership check.
+        ("GET", "/v1/responses/{response_id}"),
+        ("DELETE", "/v1/responses/{response_id}"),
+        ("POST", "/v1/responses/{response_id}/cancel"),
+        ("GET", "/v1/responses/{response_id}/input_items"),
     } <= covered
 
     failures: list[str] = []

@@ -3,8 +3,11 @@ inside the failover window, and the growth slope (no stack needed)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from benchmarks.soak.ledger import Ledger, TurnRecord
-from benchmarks.soak.report import _slope_per_hour, summarize
+from benchmarks.soak.report import _slope_per_hour, flatness, rerender, summarize
 
 
 def test_lost_writes_are_split_by_the_failover_window():
@@ -52,3 +55,69 @@ def test_summary_excuses_failures_only_while_an_engine_or_replica_is_down():
 def test_growth_slope_is_per_hour():
     assert _slope_per_hour([(0, 100.0), (60, 101.0), (120, 102.0)]) == 60.0
     assert _slope_per_hour([(0, 1.0), (1, 1.0)]) is None
+
+
+def _samples(minutes: int, redis, rss) -> list[dict[str, float]]:
+    return [
+        {"t": float(t), "redis_mib": redis(t), "rss_mib_0": rss(t), "rss_mib_1": rss(t)}
+        for t in range(0, minutes * 60 + 1, 5)
+    ]
+
+
+def test_a_curve_still_rising_over_the_last_half_hour_is_not_called_flat():
+    """Issue 23: the report must say when a curve has not flattened. A Redis that fills for
+    the first 20 minutes and then holds is flat; one that keeps rising 1 MiB per 10 minutes
+    at a 10 MiB level is not (a 30% rise over the window), and neither is an RSS that steps
+    up late in the run."""
+    plateau = _samples(60, lambda t: min(t, 1200) / 120, lambda t: 80.0)
+    flat = flatness(plateau, [], 3600)
+    assert flat["window_s"] == [1800.0, 3600.0]
+    assert flat["not_flattened"] == []
+    assert all(c["flat"] for c in flat["curves"].values())
+    rising = _samples(60, lambda t: 7.0 + t / 600, lambda t: 80.0 + (6.0 if t > 3000 else 0.0))
+    verdict = flatness(rising, [], 3600)
+    assert verdict["not_flattened"] == ["Redis used_memory", "sidecar-0 RSS", "sidecar-1 RSS"]
+    assert verdict["curves"]["Redis used_memory"]["slope_mib_per_hour"] == 6.0
+
+
+def test_a_restarted_replica_and_a_promoted_redis_start_new_curves():
+    """A replica restarted inside the window is judged from its restart (its fresh process's
+    RSS climbing back is not a leak); the Redis promoted by a failover likewise."""
+    rows = _samples(60, lambda t: 5.0 if t > 2010 else 50.0, lambda t: 80.0)
+    for row in rows:
+        if row["t"] < 2000:
+            row["rss_mib_1"] = 120.0
+    faults = [
+        {"kind": "sidecar_killed", "at_s": 1990.0, "healed_s": 2000.0},
+        {"kind": "redis_master_killed", "at_s": 1999.0, "healed_s": 2000.0},
+    ]
+    assert flatness(rows, faults, 3600)["not_flattened"] == []
+    assert flatness(rows, [], 3600)["not_flattened"] == ["Redis used_memory", "sidecar-1 RSS"]
+
+
+def test_a_saved_run_is_re_rendered_with_the_current_rules(tmp_path: Path):
+    result = {"engine": "fake", "minutes": 10, "sessions_per_s": 0.5, "turns": 0, "faults": [],
+              "proxied_success_ratio": 1.0, "acknowledged_writes_lost": 0}  # fmt: skip
+    series = {"samples": _samples(10, lambda t: 1.0 + t / 60, lambda t: 80.0), "turns": []}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(result))
+    path.with_name("run_series.json").write_text(json.dumps(series))
+    rerender(path, tmp_path / "run.png")
+    saved = json.loads(path.read_text())
+    assert saved["plateau"]["window_s"] == [300.0, 600.0]
+    assert saved["plateau"]["not_flattened"] == ["Redis used_memory"]
+    assert (tmp_path / "run.png").stat().st_size > 0
+
+
+def test_a_finished_session_past_its_ttl_has_expired_not_lost():
+    """Issue 23: a run longer than ``finished_ttl_s`` read back sessions that ended long before
+    and had expired by design; the ledger counted each as an acknowledged write lost."""
+    ledger = Ledger()
+    ledger.ack("old-end", 10.0, "finished", 5)
+    ledger.ack("new-end", 3500.0, "finished", 5)
+    ledger.ack("suspended", 10.0, "suspended", 2)
+    records: dict[str, dict[str, object] | None] = {"old-end": None, "new-end": None,
+                                                    "suspended": None}  # fmt: skip
+    checks = ledger.check(records, [], 1.0, read_at=3600.0, finished_ttl_s=600.0)
+    assert checks["acknowledged_writes_expired"] == 1
+    assert checks["acknowledged_writes_lost"] == 2  # a recent end and a suspension: lost

@@ -23,12 +23,14 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from service.api.errors import api_error, openai_error
+from service.api.shapes.messages import anthropic_error
 
 __all__ = ["ENGINE_ADMIN_PATHS", "PathRefused", "check_passthrough_path"]
 
 #: vLLM's administrative routes under ``/v1``: never forwarded for a tenant.
 ENGINE_ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 _LIFECYCLE = "/v1/sessions"
+_MESSAGES = "/v1/messages"
 
 
 class PathRefused(Exception):
@@ -74,6 +76,8 @@ def check_passthrough_path(scope: Scope) -> None:
         message = f"{scope['method']} is not allowed here; allowed: {allow['Allow']}"
         if lifecycle:
             raise PathRefused(api_error(405, message, headers=allow))
+        if path == _MESSAGES or path.startswith(_MESSAGES + "/"):
+            raise PathRefused(anthropic_error(405, message, headers=allow))  # its API's shape
         raise PathRefused(openai_error(405, message, code="method_not_allowed", headers=allow))
     if lifecycle:
         raise PathRefused(api_error(404, f"no lifecycle route {path}"))

@@ -73,7 +73,11 @@ from service.api.shapes.base import RouteInputError, RouteShape
 from service.api.shapes.chat import ChatShape
 from service.api.shapes.completions import CompletionsShape
 from service.api.shapes.messages import MessagesShape
-from service.api.shapes.responses import ResponsesShape, stored_response_id
+from service.api.shapes.responses import (
+    ResponsesShape,
+    names_stored_responses,
+    stored_response_id,
+)
 from service.api.tenants import TenantResolver
 from service.api.turns.book import CUT, FAILED, OK, Turn, TurnBook
 from service.api.turns.recorder import Recorder
@@ -116,6 +120,17 @@ TRACKED: tuple[RouteShape, ...] = (
 #: The passthrough routes are the engine's own OpenAI ones: their errors and the end of a cut
 #: stream are in the OpenAI format, as chat's are.
 _PASSTHROUGH_FORMAT: RouteShape = ChatShape()
+_MESSAGES_FORMAT: RouteShape = MessagesShape()
+
+
+def _error_format(path: str) -> RouteShape:
+    """The API whose errors a passthrough path answers in: Anthropic's under ``/v1/messages``
+    (``count_tokens`` and the rest of that family), OpenAI's elsewhere."""
+    if path == _MESSAGES_FORMAT.path or path.startswith(_MESSAGES_FORMAT.path + "/"):
+        return _MESSAGES_FORMAT
+    return _PASSTHROUGH_FORMAT
+
+
 _PASSTHROUGH = "passthrough"
 #: Routes whose vLLM request body has a ``session_id`` field (chat, completions, responses in
 #: vLLM 0.32 and 0.33; its Anthropic ``/v1/messages`` has none and reads ``X-Session-ID``).
@@ -230,7 +245,8 @@ class Proxy:
             own = hints
             hints = self._with_dialects(hints, headers, payload, native)
             hints, harness = self.harness.apply(hints, own, headers, payload)
-            if hints.session is None and prepared.new_session is not None:
+            sidecar_named = hints.session is None and prepared.new_session is not None
+            if sidecar_named:
                 hints = dataclasses.replace(hints, session=prepared.new_session)
             dropped = drop_client_tenure(payload)  # the key is the sidecar's alone
             # vLLM's own session field is the sidecar's too (read after the dialects, which
@@ -243,6 +259,7 @@ class Proxy:
             turn = await self.turns.start(tenant, hints, digests)
             if turn is not None:
                 turn.info = prepared.info
+                turn.sidecar_named = sidecar_named
                 turn.harness = harness
                 turn.infer_end = tenant.infer_run_end
                 self.turns.child_started(turn)
@@ -386,11 +403,10 @@ class Proxy:
 
     async def passthrough(self, request: Request) -> Response:
         started = time.perf_counter()
+        api = _error_format(request.url.path)
         tenant = self.tenants.resolve(bearer(wanted_headers(request.scope["headers"])))
         if tenant is None:
-            response = _PASSTHROUGH_FORMAT.error(
-                401, "unknown or missing API key", code="invalid_api_key"
-            )
+            response = api.error(401, "unknown or missing API key", code="invalid_api_key")
             return self._done(_PASSTHROUGH, response, started)
         try:
             check_passthrough_path(request.scope)
@@ -403,7 +419,7 @@ class Proxy:
             body = await self._read_body(request, request.headers.get("content-length"))
         except TooLarge:
             self.metrics.hint_rejections.labels("body").inc()
-            response = _PASSTHROUGH_FORMAT.error(
+            response = api.error(
                 413,
                 f"request body is larger than {self.settings.max_body_bytes} bytes",
                 param="body",
@@ -417,19 +433,19 @@ class Proxy:
                 body = strip_client_tenure(body, request.headers.get("content-type"))
             except BadBody as exc:
                 self.metrics.hint_rejections.labels("body").inc()
-                response = _PASSTHROUGH_FORMAT.error(
-                    400, bad_body_message(exc), param="body", code="invalid_body"
-                )
+                response = api.error(400, bad_body_message(exc), param="body", code="invalid_body")
                 return self._done(_PASSTHROUGH, response, started)
-        return await self._forward(
-            request, _PASSTHROUGH, request.method, body, None, started, _PASSTHROUGH_FORMAT
-        )
+        return await self._forward(request, _PASSTHROUGH, request.method, body, None, started, api)
 
     async def _stored_response_refused(
         self, request: Request, tenant: str, started: float
     ) -> Response | None:
         """A passthrough to a stored response of another tenant: its refusal (None: go on)."""
-        answer_id = stored_response_id(request.url.path)
+        path = request.url.path
+        answer_id = stored_response_id(path)
+        if answer_id is None and path != ResponsesShape.path and names_stored_responses(path):
+            response = openai_error(404, "no such stored-response path", code="not_found")
+            return self._done(_PASSTHROUGH, response, started)
         if answer_id is not None:
             # vLLM serves stored responses to any caller: only the tenant whose request
             # produced one may read or cancel it.

@@ -261,6 +261,49 @@ def _tracked_route(summary: str, body: dict[str, Any], error_ref: str) -> dict[s
     }
 
 
+def _stored_responses() -> dict[str, Any]:
+    """The stored-response routes: forwarded only for the tenant whose request produced the
+    response, and only in their canonical form (:mod:`service.api.shapes.responses`)."""
+    responses = {
+        "200": {
+            "description": "the engine's answer, relayed",
+            "content": {"application/json": {"schema": {}}},
+        },
+        "401": _error("unknown or missing API key (with tenants configured)"),
+        "404": _error(
+            "not a response of this tenant, an id over 256 characters, or a non-canonical "
+            "path form (nothing forwarded)"
+        ),
+        "503": _error("session state (Redis) is unavailable: ownership cannot be checked"),
+        "502": _error("the engine is unreachable"),
+        "504": _error("the engine did not answer in time"),
+        "default": _error("whatever the engine answered, relayed"),
+    }
+    parameter = {
+        "name": "response_id", "in": "path", "required": True,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+    }  # fmt: skip
+
+    def operation(summary: str) -> dict[str, Any]:
+        return {
+            "tags": ["proxy"], "summary": summary, "parameters": [parameter],
+            "responses": responses, "security": [{}, {"TenantKey": []}],
+        }  # fmt: skip
+
+    return {
+        "/v1/responses/{response_id}": {
+            "get": operation("a stored response (this tenant's only)"),
+            "delete": operation("delete a stored response (this tenant's only)"),
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": operation("cancel a background response (this tenant's only)"),
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": operation("a stored response's input items (this tenant's only)"),
+        },
+    }
+
+
 def proxy_paths() -> dict[str, Any]:
     """Path items of the proxied routes."""
     messages = {"type": "array", "items": {"type": "object"}}
@@ -283,6 +326,7 @@ def proxy_paths() -> dict[str, Any]:
             },
             "#/components/schemas/OpenAIError",
         ),
+        **_stored_responses(),
         "/v1/{path}": _passthrough(),
     }
 

@@ -144,7 +144,7 @@ async def retention_decide(svc: Svc, tenant: Annotated[str, Query(max_length=64)
     control = _control(svc)
     name = _tenant(control, tenant)
     # Fresh from Redis: a sample posted a moment ago counts (the refresh may not have run).
-    waits = await svc.store.float_samples("waits", CALIBRATION_SAMPLES)
+    waits = await svc.store.float_samples("calibration_waits", CALIBRATION_SAMPLES)
     decision = await control.decide_now(name, svc.runtime.config, waits)
     if decision is None:
         raise ApiError(409, "another sidecar replica holds the retention lease", code="not_leader")

@@ -36,7 +36,13 @@ from service.api.shapes.base import (
 from service.api.upstream.client import UpstreamError
 from service.api.upstream.relay import stream_cut_reason
 
-__all__ = ["ResponsesShape", "continued", "recorded_items", "stored_response_id"]
+__all__ = [
+    "ResponsesShape",
+    "continued",
+    "names_stored_responses",
+    "recorded_items",
+    "stored_response_id",
+]
 
 _MAX_ID = 256
 _ID = re.compile(rb'"id"\s*:\s*"(resp[_-][A-Za-z0-9_-]{1,200})"')
@@ -56,6 +62,16 @@ def stored_response_id(path: str) -> str | None:
     """The response id of a ``/v1/responses/{id}`` path (read, cancel, input items), if any."""
     match = _STORED.match(path)
     return match.group(1) if match else None
+
+
+def names_stored_responses(path: str) -> bool:
+    """Whether ``path`` reaches the stored responses in any form: with its empty segments
+    merged (as a front proxy or the engine's router may), it is ``/v1/responses`` or below.
+    Only the canonical forms :func:`stored_response_id` reads are checked for their owner;
+    every other form (a trailing or doubled slash, an id over 256 characters, an unknown
+    sub-resource) is refused, never forwarded unchecked."""
+    parts = [part for part in path.split("/") if part]
+    return parts[:2] == ["v1", "responses"]
 
 
 def _optional_str(payload: Mapping[str, Any], name: str) -> str | None:
@@ -122,6 +138,12 @@ class ResponsesShape:
     error = staticmethod(openai_error_shape)
 
     def prepare(self, payload: dict[str, Any], headers: Mapping[str, str]) -> Prepared:
+        if "request_id" in payload:
+            # vLLM takes it as the answer's id and the key of its response store, shared by
+            # every tenant: a client naming another tenant's id would overwrite that answer.
+            raise RouteInputError(
+                "request_id", "request_id is not accepted: the engine assigns response ids"
+            )
         chain = _optional_str(payload, "previous_response_id")
         conversation = _conversation(payload)
         if chain is not None and conversation is not None:

@@ -79,6 +79,9 @@ class Turn:
     #: tenant lets a run's end be inferred from them.
     harness: HarnessReading | None = None
     infer_end: bool = True
+    #: The session is one the sidecar named (a Responses request with no key): if its first
+    #: turn is taken back, no client can ever continue it, so its record goes too.
+    sidecar_named: bool = False
 
     @property
     def recording(self) -> bool:
@@ -429,8 +432,9 @@ class TurnBook:
     async def _take_back(self, turn: Turn, start: TurnStart) -> None:
         try:
             status, _seq = await self.store.rollback_turn(
-                turn.tenant, start.session, start.turn, now=self.clock()
-            )
+                turn.tenant, start.session, start.turn, now=self.clock(),
+                forget_new=turn.sidecar_named,
+            )  # fmt: skip
         except StateUnavailable:
             return
         except Exception:

@@ -84,7 +84,9 @@ class Runtime:
             await self._refresh_config()
             for tenant in list(self._tenants):
                 await self._refresh_gaps(tenant)
-            self.calibration_waits = await self.store.float_samples("waits", CALIBRATION_SAMPLES)
+            self.calibration_waits = await self.store.float_samples(
+                "calibration_waits", CALIBRATION_SAMPLES
+            )
             if sample_states:
                 await self._sample_states()
         except StateUnavailable:
