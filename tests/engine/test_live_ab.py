@@ -27,8 +27,10 @@ ARM_KEYS = {
     "host_hit_rate", "prompt_tokens_computed", "prompt_tokens_cached", "resumed_ttft_p50_s",
     "resumed_ttft_p95_s", "jct_p50_s", "jct_p95_s", "refused_stores", "evictions",
 }  # fmt: skip
-#: The small slice: --quick's (4 root sessions, 12 calls each, gaps / 60 capped at 4 s).
-SLICE = ["--quick", "--seed", "0"]
+#: The small slice: --quick's (4 root sessions, 12 calls each, gaps / 60 capped at 4 s), on the
+#: tests' tiny model, whose profile was measured on a quiet VM: on this slice the demo model's
+#: simulated arms are 0.6 pp apart, too close for the sign check below (measured 2026-12-02).
+SLICE = ["--quick", "--seed", "0", "--layout", "tiny"]
 #: Loose: an 84-call slice on a shared 2-core machine (the full run's targets are 5 pp / 10%).
 #: Hit rate barely moves with the engine's speed; prompt tokens computed does (a slower engine
 #: overlaps more calls in the small pool, so fewer prefix hits survive): measured +16% / +23%
@@ -143,7 +145,7 @@ def test_verdict_block_costs_and_one_interleaving(ab: dict[str, Any]) -> None:
     given to an arm or said to be not separated, and the model's recompute/load ratio is
     printed beside the GPU profile's."""
     doc = ab["doc"]
-    assert doc["config"]["layout"] == "demo"
+    assert doc["config"]["layout"] == "tiny"
     assert doc["config"]["dispatch"].startswith("planned")
     for arm in doc["arms"].values():
         assert arm["gate_forced"] == 0 and arm["gate_held_s"] >= 0
