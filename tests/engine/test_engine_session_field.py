@@ -138,10 +138,11 @@ def _send(stack: LocalStack, route: str, tenant: str, seed: int) -> None:
     http_json("POST", f"{stack.proxy_url}{path}", body, headers)
 
 
-@pytest.mark.xfail(
-    reason="issue 27: no KV event reached the subscriber from the CPU build in this session "
-    "(engine up, requests answered, zero BlockStored received); not diagnosed yet",
-    strict=False,
+@pytest.mark.skip(
+    reason="issue 27, open: no KV event reached the subscriber from the CPU build "
+    "(engine up, requests answered, zero BlockStored received; not diagnosed). It failed "
+    "every run and cost ~5 minutes of CI as an xfail; the sidecar side is covered by "
+    "tests/sidecar/test_router_headers.py against a recording upstream."
 )
 @pytest.mark.parametrize("route", ["chat", "completions", "messages", "responses"])
 def test_every_tracked_route_reaches_vllm_with_the_tenant_scoped_session(
