@@ -127,7 +127,9 @@ def verdict(
             why = "the hit rates and the paired prompt tokens disagree"
     hit = judged("host_hit_rate", host_pp, None, False, why)
     if not why:
+        # Separated by the paired prompt-token interval, which stands in for the hit rate's own.
         hit["better"] = treatment if host_pp > 0 else control
+        hit["why_not_separated"] = ""
         hit["interval_of"] = "total_computed_tokens"
     out.append(hit)
     out.append(

@@ -168,6 +168,8 @@ def test_verdict_names_a_winner_only_where_the_interval_excludes_zero() -> None:
     assert rows["prompt_tokens_computed"]["better"] == "tenure"
     assert rows["resumed_ttft"]["better"] == "tenure"
     assert rows["turn_completion"]["better"] is None
+    for row in rows.values():  # a figure is either given to an arm or said not separated
+        assert (row["better"] is not None) != bool(row["why_not_separated"]), row
     said = say_verdict(list(rows.values()), ["lru", "tenure"])
     assert any("turn completion" in s and "not separated" in s for s in said)
 
