@@ -54,7 +54,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarn
 BLOCK = 32
 #: The engine's own pool: 23 usable blocks, so the longest prompt is 736 tokens.
 GPU_BLOCKS = 24
-HOST_BLOCKS = 24
+HOST_BLOCKS = 28
 BLOCK_BYTES = kv_bytes_per_block(BLOCK)
 ADMIN_TOKEN = "engine-clis-admin-token"
 ONE_SHOT_KEY = "sk-one-shot-tenant"
@@ -354,7 +354,8 @@ def test_a_one_shot_run_is_evicted_before_a_live_session(
     stack: ABStack, installed: clis.Clis, tmp_path: Path
 ) -> None:
     _reset(stack, host_tier=True)
-    live_system, ended_system = word_prompt(31, 200), word_prompt(32, 200)
+    start = _host(stack)
+    live_system, ended_system = word_prompt(31, 200), word_prompt(32, 160)
     live = _claude(stack, installed, tmp_path / "live", LIVE_KEY, live_system, word_prompt(33, 20))
     view = _view(stack, LIVE_KEY, live.session)
     assert view["eviction_class"] != "finished" and not view["reason"].startswith("likely_end")
@@ -367,6 +368,8 @@ def test_a_one_shot_run_is_evicted_before_a_live_session(
     )
     _one_shot_ended(_view(stack, ONE_SHOT_KEY, ended.session))
     before = _settle(stack)
+    # Both runs were stored whole (nothing refused, nothing evicted yet).
+    assert before.evicted_since(start) == {} and before.refusals == start.refusals, before
     ended_blocks = before.resident - live_blocks
     assert ended_blocks >= 2, before
     free = HOST_BLOCKS - before.resident
