@@ -155,7 +155,16 @@ def _send(stack: LocalStack, route: str, tenant: str, seed: int) -> None:
     http_json("POST", f"{stack.proxy_url}{path}", body, headers)
 
 
-@pytest.mark.parametrize("route", ["chat", "completions", "messages", "responses"])
+ROUTES = ("chat", "completions", "messages", "responses")
+
+
+def test_the_routes_here_are_every_tracked_route() -> None:
+    from service.api.proxy.pipeline import TRACKED
+
+    assert {shape.name for shape in TRACKED} == set(ROUTES)
+
+
+@pytest.mark.parametrize("route", ROUTES)
 def test_every_tracked_route_reaches_vllm_with_the_tenant_scoped_session(
     stack: tuple[LocalStack, _Events], route: str
 ) -> None:
