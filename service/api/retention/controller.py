@@ -43,7 +43,6 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict
-from typing import Literal
 
 from service.api.retention.types import INITIAL_BRANCH, RetentionKnobs, TenantRetention
 from service.metrics import Metrics
@@ -52,13 +51,9 @@ from service.policy.lifecycle import RetentionSettings
 from service.policy.rate import rate_lower_bound
 from service.policy.rent import RentClock
 from service.policy.retention import alpha2, hold_cost
-from service.policy.retention_control import (
-    OnlineController,
-    OnlineSettings,
-    RetentionDecision,
-    rechoose_branch,
-)
+from service.policy.retention_control import OnlineController, OnlineSettings, RetentionDecision
 from service.policy.retention_costs import Branch, RetentionModel
+from service.policy.retention_rule import timer_for_scale
 from service.settings import Settings
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
@@ -128,6 +123,7 @@ class RetentionControl:
             estimator=k.estimator, period_s=k.period_s, margin=k.margin,
             min_samples=k.min_samples, window=k.window, initial_branch=INITIAL_BRANCH,
             pinned_lambda=config.lambda_fixed_per_s if config.lambda_mode == "fixed" else None,
+            rule="timer",
         )  # fmt: skip
 
     def view(self, tenant: str) -> TenantRetention:
@@ -141,6 +137,11 @@ class RetentionControl:
     def suspend_inputs(self, tenant: str, config: RuntimeConfig) -> tuple[Branch, float]:
         """The branch and lambda a suspension of ``tenant`` gets now."""
         return self.view(tenant).branch, self.lambda_in_use(tenant, config)[0]
+
+    def scale(self, tenant: str) -> float | None:
+        """``tenant``'s rent-budget scale (the retention rule's choice; ``None``: retain)."""
+        view = self.view(tenant)
+        return None if view.branch == "retain" else view.scale
 
     def rent(self, tenant: str) -> RentClock:
         """``tenant``'s rent clock as the lease holder last priced it."""
@@ -214,9 +215,13 @@ class RetentionControl:
         suspensions, resumes = await self.store.events(tenant)
         state = await self.store.get_state(tenant) or {}
         before = TenantRetention.from_doc(state)
+        # Until the tenant has min_samples waits of its own, the rule scores the SRE's
+        # calibration sample (the one-shot calibration as the prior).
         ctl = OnlineController(
             model, settings, branch=before.branch, last_decision_at=before.decided_at,
             decisions=before.decisions, switches=before.switches,
+            scale=before.scale if before.branch == "ttl" else None,
+            prior_waits_s=tuple(calibration_waits),
         )  # fmt: skip
         for at in suspensions:
             ctl.observe_suspension(at)
@@ -226,10 +231,7 @@ class RetentionControl:
         now = self.clock()
         decision: RetentionDecision | None = None
         if force or ctl.due(now):
-            if len(ctl.waits) < settings.min_samples and calibration_waits:
-                decision = self._calibrated(ctl, calibration_waits, now)
-            else:
-                decision = ctl.decide(now)
+            decision = ctl.decide(now)
         lam_lower = rate_lower_bound(ctl.estimator, now, settings.lambda_z)
         # The clock comes from the stored view, never from ``ctl`` (rebuilt from the window
         # each refresh, its rent would restart and jump back).
@@ -255,6 +257,8 @@ class RetentionControl:
             rent_accrued=rent.accrued,
             rent_at=rent.at,
             rent_rate=rent.rate,
+            scale=ctl.scale,
+            choice=before.choice if decision is None or not decision.choice else decision.choice,
         )
         await self.store.put_state(tenant, asdict(view))
         self.views[tenant] = view
@@ -264,26 +268,6 @@ class RetentionControl:
             level = logging.INFO if decision.changed else logging.DEBUG
             log.log(level, "retention[%s]: %s", tenant, decision.reason)
         return decision
-
-    @staticmethod
-    def _calibrated(ctl: OnlineController, waits: Sequence[float], now: float) -> RetentionDecision:
-        """Score the SRE's calibration sample while the tenant's own is too small."""
-        assert ctl.branch is not None and ctl.waits is not None
-        lam, source = ctl.lam(now)
-        lam_source: Literal["estimated", "pinned"] = "pinned" if source == "pinned" else source
-        decision = rechoose_branch(
-            ctl.model, waits, lam, ctl.branch, now=now, margin=ctl.settings.margin,
-            evaluator=ctl.settings.evaluator, lam_source=lam_source, seed=ctl.decisions,
-        )  # fmt: skip
-        ctl.branch = decision.branch
-        ctl.last_decision_at = now
-        ctl.decisions += 1
-        ctl.switches += int(decision.changed)
-        note = (
-            f"{len(ctl.waits)} observed waits < {ctl.settings.min_samples}: scored the "
-            f"calibration sample ({len(waits)} waits from POST /admin/waits); "
-        )
-        return RetentionDecision(**{**decision.to_dict(), "reason": note + decision.reason})
 
     # --- resume outcomes (the adapters' reports) ---------------------------------------------
 
@@ -328,8 +312,10 @@ class RetentionControl:
     # --- outputs ------------------------------------------------------------------------------
 
     def host_ttl(self, tenant: str, config: RuntimeConfig) -> float | None:
-        branch, lam = self.suspend_inputs(tenant, config)
-        return None if branch == "retain" else self.model(config).t2(lam)
+        """The timer a suspension of ``tenant`` gets now at a constant price: the rule's
+        scale times ``t2`` (``None``: retained until resume)."""
+        _, lam = self.suspend_inputs(tenant, config)
+        return timer_for_scale(self.model(config), self.scale(tenant), lam)
 
     def push_state(self, config: RuntimeConfig) -> dict[str, RetentionState]:
         out: dict[str, RetentionState] = {}

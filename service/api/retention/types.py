@@ -50,6 +50,11 @@ class TenantRetention:
     rent_accrued: float = 0.0
     rent_at: float | None = None
     rent_rate: float = 0.0
+    #: The retention rule's rent-budget scale (multiple of ``t2``) on the ttl branch; its
+    #: last choice (:meth:`~service.policy.retention_rule.TimerChoice.to_dict` with the
+    #: sample it was chosen on), ``None`` before the first scored decision.
+    scale: float | None = 1.0
+    choice: dict[str, Any] | None = None
 
     def rent(self) -> RentClock:
         return RentClock(self.rent_accrued, self.rent_at, self.rent_rate)
@@ -74,6 +79,13 @@ class TenantRetention:
                 setattr(view, name, float(value))
         if isinstance(doc.get("reason"), str):
             view.reason = doc["reason"]
+        scale = doc.get("scale", 1.0)
+        if view.branch == "retain":
+            view.scale = None
+        elif _number(scale) and math.isfinite(scale) and scale > 0:
+            view.scale = float(scale)
+        if isinstance(doc.get("choice"), dict):
+            view.choice = doc["choice"]
         view._load_rent(doc)
         return view
 
