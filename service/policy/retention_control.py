@@ -108,6 +108,16 @@ def _summary(waits: Sequence[float], source: str) -> dict[str, Any]:
     }
 
 
+def _thin(waits: Sequence[float], m: int) -> list[float]:
+    """``m`` evenly spaced order statistics of ``waits`` (all of them when ``m`` >= their
+    number): a smaller sample with the same shape, deterministic."""
+    ordered = sorted(waits)
+    n = len(ordered)
+    if m >= n:
+        return ordered
+    return [ordered[min(n - 1, int((i + 0.5) * n / m))] for i in range(max(0, m))]
+
+
 def _scale_name(scale: float | None) -> str:
     return "retain" if scale is None else f"{scale:.3g} x t2"
 
@@ -368,8 +378,10 @@ class OnlineController:
     #: The timer rule's rent-budget scale in use (``None``: retain); the branch rule's is 1
     #: on ttl. Starts at the initial branch's.
     scale: float | None = None
-    #: A calibration sample scored while fewer than ``min_samples`` waits were observed (the
-    #: SRE's ``POST /admin/waits`` in the sidecar: the one-shot calibration as the prior).
+    #: The timer rule's prior, a calibration sample (the SRE's ``POST /admin/waits`` in the
+    #: sidecar: the one-shot calibration): scored alone while fewer than ``min_samples`` waits
+    #: were observed, then topping the tenant's own sample up to ``window`` waits (its weight
+    #: falls as the own sample grows, to none once the window is full).
     prior_waits_s: tuple[float, ...] = ()
     #: The timer rule's last choice (what ``/admin/retention`` shows).
     last_choice: TimerChoice | None = None
@@ -481,6 +493,17 @@ class OnlineController:
         if observed < st.min_samples and self.prior_waits_s:
             sample, origin = list(self.prior_waits_s), "calibration"
             on = f"{observed} observed waits < {st.min_samples}: the calibration sample"
+        elif self.prior_waits_s and len(sample) < st.window:
+            # The prior fades as the tenant's own sample fills the window, rather than
+            # vanishing at min_samples: the first congested decision often comes when a few
+            # hundred waits exist, all of them short ones (a long wait is still pending),
+            # and the calibration sample is the only view of the tail it has.
+            prior = _thin(self.prior_waits_s, st.window - len(sample))
+            on = (
+                f"{observed} observed waits ({len(sample)} scored) topped up to the window "
+                f"with {len(prior)} of the calibration sample"
+            )
+            sample, origin = sample + prior, "observed+calibration"
         before = self.scale
         choice: TimerChoice | None = None
         if lam <= crit:

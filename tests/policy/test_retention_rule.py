@@ -92,3 +92,35 @@ def test_online_controller_prices_the_rent_with_the_chosen_scale() -> None:
 def test_a_bad_scale_is_named(bad: object) -> None:
     with pytest.raises(ValueError, match="timer scale"):
         check_scale(bad)  # type: ignore[arg-type]
+
+
+def test_the_first_congested_decision_scores_the_calibration_prior() -> None:
+    """Issue 26 finding 5: the replay's first congested decision comes when a few hundred
+    (short) waits exist, past ``min_samples``; the calibration sample must still count there,
+    topping the own sample up to the window, or a learning controller is an online one."""
+    settings = OnlineSettings(rule="timer", initial_branch="ttl", resamples=8)
+    prior = _heavy(1500, seed=3)
+    ctl = OnlineController(MODEL, settings, prior_waits_s=tuple(prior))
+    bare = OnlineController(MODEL, settings)
+    rng = random.Random(5)
+    now, pending = 0.0, []
+    while now < settings.period_s:  # 3 x lambda_crit for one period, every wait short
+        now += rng.expovariate(3 * CRIT)
+        for c in (ctl, bare):
+            c.observe_suspension(now)
+        pending.append(now + rng.expovariate(1 / 60))
+        for at in [p for p in pending if p <= now]:
+            pending.remove(at)
+            for c in (ctl, bare):
+                c.observe_resume(at, 60.0)
+    assert ctl.waits is not None and len(ctl.waits) > settings.min_samples
+    decision = ctl.decide(now)
+    assert decision.lam > CRIT and decision.choice is not None, decision.reason
+    sample = decision.choice["sample"]
+    assert sample["source"] == "observed+calibration", decision.reason
+    assert sample["n"] == settings.window  # the prior tops the own sample up to the window
+    assert sample["max_s"] == max(prior)  # the prior's tail is seen
+    own = bare.decide(now).choice
+    assert own is not None and own["sample"]["source"] == "observed"
+    # Short own waits alone see no tail: a different, shorter-held choice than with the prior.
+    assert decision.choice["scale"] != own["scale"]
