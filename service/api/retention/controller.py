@@ -10,11 +10,14 @@ For each configured tenant (seed 002, section 3.4; the decision core is
   ``retention_lease_s``) rebuilds the controller from those lists on every refresh, prices
   with lambda estimated from the suspension stream (or the SRE-pinned one: ``lambda_mode
   fixed`` in ``/admin/config``), and every ``retention_period_s`` re-chooses the branch with
-  the core's hysteresis. Until a tenant has ``retention_min_samples`` observed waits, the SRE's
-  calibration sample (``POST /admin/waits``), when there is one, is scored instead (the seed's
-  one-shot calibration as the prior). Each re-choice is logged (a change at INFO), counted
-  (``tenure_retention_decisions``) and kept with its reason (``GET /admin/retention``); a
-  change is pushed to the adapters at once (a fresh snapshot);
+  the core's hysteresis (``retention_rule``: ``branch``, the seed's retain-or-``t2``, by
+  default; ``timer``, opt-in, a rent-budget scale of ``t2``, issue 26). Until a tenant has
+  ``retention_min_samples`` observed waits, the SRE's calibration sample (``POST
+  /admin/waits``), when there is one, is scored instead (the seed's one-shot calibration as the
+  prior; the timer rule then keeps it, topping its own sample up to the window). Each
+  re-choice is logged (a change at INFO), counted (``tenure_retention_decisions``) and kept
+  with its reason (``GET /admin/retention``); a change is pushed to the adapters at once (a
+  fresh snapshot);
 * the holder keeps each tenant's rent clock (:class:`~service.policy.rent.RentClock`: the
   congestion rent ``alpha2(lambda)`` one host slot has accrued) in the tenant's view doc,
   loads it from there on every refresh and only moves it forward, re-priced at the lambda in
@@ -43,6 +46,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict
+from typing import Literal
 
 from service.api.retention.types import INITIAL_BRANCH, RetentionKnobs, TenantRetention
 from service.metrics import Metrics
@@ -51,7 +55,12 @@ from service.policy.lifecycle import RetentionSettings
 from service.policy.rate import rate_lower_bound
 from service.policy.rent import RentClock
 from service.policy.retention import alpha2, hold_cost
-from service.policy.retention_control import OnlineController, OnlineSettings, RetentionDecision
+from service.policy.retention_control import (
+    OnlineController,
+    OnlineSettings,
+    RetentionDecision,
+    rechoose_branch,
+)
 from service.policy.retention_costs import Branch, RetentionModel
 from service.policy.retention_rule import timer_for_scale
 from service.settings import Settings
@@ -123,7 +132,7 @@ class RetentionControl:
             estimator=k.estimator, period_s=k.period_s, margin=k.margin,
             min_samples=k.min_samples, window=k.window, initial_branch=INITIAL_BRANCH,
             pinned_lambda=config.lambda_fixed_per_s if config.lambda_mode == "fixed" else None,
-            rule="timer",
+            rule=k.rule,
         )  # fmt: skip
 
     def view(self, tenant: str) -> TenantRetention:
@@ -215,13 +224,15 @@ class RetentionControl:
         suspensions, resumes = await self.store.events(tenant)
         state = await self.store.get_state(tenant) or {}
         before = TenantRetention.from_doc(state)
-        # Until the tenant has min_samples waits of its own, the rule scores the SRE's
-        # calibration sample (the one-shot calibration as the prior).
+        # The timer rule takes the SRE's calibration sample as its prior (alone below
+        # min_samples own waits, then topping the own sample up to the window); the branch
+        # rule scores it below min_samples (``_calibrated``), and its ttl is always t2.
+        timer = settings.rule == "timer"
         ctl = OnlineController(
             model, settings, branch=before.branch, last_decision_at=before.decided_at,
             decisions=before.decisions, switches=before.switches,
-            scale=before.scale if before.branch == "ttl" else None,
-            prior_waits_s=tuple(calibration_waits),
+            scale=(before.scale if timer else 1.0) if before.branch == "ttl" else None,
+            prior_waits_s=tuple(calibration_waits) if timer else (),
         )  # fmt: skip
         for at in suspensions:
             ctl.observe_suspension(at)
@@ -231,7 +242,11 @@ class RetentionControl:
         now = self.clock()
         decision: RetentionDecision | None = None
         if force or ctl.due(now):
-            decision = ctl.decide(now)
+            if not timer and len(ctl.waits) < settings.min_samples and calibration_waits:
+                decision = self._calibrated(ctl, calibration_waits, now)
+            else:
+                # The timer rule takes the calibration sample as its prior itself.
+                decision = ctl.decide(now)
         lam_lower = rate_lower_bound(ctl.estimator, now, settings.lambda_z)
         # The clock comes from the stored view, never from ``ctl`` (rebuilt from the window
         # each refresh, its rent would restart and jump back).
@@ -268,6 +283,28 @@ class RetentionControl:
             level = logging.INFO if decision.changed else logging.DEBUG
             log.log(level, "retention[%s]: %s", tenant, decision.reason)
         return decision
+
+    @staticmethod
+    def _calibrated(ctl: OnlineController, waits: Sequence[float], now: float) -> RetentionDecision:
+        """The branch rule: score the SRE's calibration sample while the tenant's own is too
+        small."""
+        assert ctl.branch is not None and ctl.waits is not None
+        lam, source = ctl.lam(now)
+        lam_source: Literal["estimated", "pinned"] = "pinned" if source == "pinned" else source
+        decision = rechoose_branch(
+            ctl.model, waits, lam, ctl.branch, now=now, margin=ctl.settings.margin,
+            evaluator=ctl.settings.evaluator, lam_source=lam_source, seed=ctl.decisions,
+        )  # fmt: skip
+        ctl.branch = decision.branch
+        ctl.scale = None if decision.branch == "retain" else 1.0
+        ctl.last_decision_at = now
+        ctl.decisions += 1
+        ctl.switches += int(decision.changed)
+        note = (
+            f"{len(ctl.waits)} observed waits < {ctl.settings.min_samples}: scored the "
+            f"calibration sample ({len(waits)} waits from POST /admin/waits); "
+        )
+        return RetentionDecision(**{**decision.to_dict(), "reason": note + decision.reason})
 
     # --- resume outcomes (the adapters' reports) ---------------------------------------------
 
@@ -370,6 +407,7 @@ def build_retention(
         period_s=settings.retention_period_s, min_samples=settings.retention_min_samples,
         margin=settings.retention_margin, estimator=settings.retention_estimator,
         window=settings.retention_window, lease_s=settings.retention_lease_s,
+        rule=settings.retention_rule,
     )  # fmt: skip
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     control = RetentionControl(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from service.metrics_retention import BRANCHES
 from service.policy.rent import RentClock
@@ -27,6 +27,8 @@ class RetentionKnobs:
     estimator: str = "changepoint:300"
     window: int = 2000
     lease_s: float = 30.0
+    #: ``branch`` (the seed's two branches) or ``timer`` (issue 26's rent-budget scale).
+    rule: Literal["branch", "timer"] = "branch"
 
 
 @dataclass(slots=True)
