@@ -3,8 +3,7 @@
 The push-channel thread only appends to ``inbox``; :meth:`Pushed.poll` applies it on
 the engine thread once per step. Decision times are Unix seconds on the wire: converted here
 with the wall clock the policy was given (never read inside the core). Blocks the core drops
-outside a store (reclaim, TTL) are handed to a live sharer or doomed, and released to the
-manager's pool when it can free chunks itself.
+outside a store (reclaim, TTL) go to :meth:`~engine_adapter.holdings.Holdings.drop_victims`.
 
 Re-priced host timers (:mod:`engine_adapter.rent_timers`): a suspension whose decision carries
 ``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
