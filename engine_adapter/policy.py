@@ -145,10 +145,19 @@ class TenureCachePolicy(CachePolicy):
         )
         self.stock_path = StockPath(self.gate, self.cache_capacity)
         self.chunks = self.holdings.chunks
-        # vLLM calls get() and insert() once per block: bind the dict's and the part's own
-        # methods, so the composition costs them no extra Python frame.
+        # vLLM calls get(), insert() and mark_evictable() once per block, the manager the store
+        # protocol once per offer and poll() once per step: each is bound here to the part's
+        # own method (or the container's), so the composition costs them no extra Python frame.
+        # The methods below say the same for readers and for vLLM's ABC.
         self.get = self.chunks.get  # type: ignore[method-assign, assignment]
         self.insert = self.stock_path.insert  # type: ignore[method-assign]
+        self.mark_evictable = self.holdings.pinned.discard  # type: ignore[method-assign, assignment]
+        self.mark_non_evictable = self.holdings.pinned.add  # type: ignore[method-assign, assignment]
+        self.on_store_miss = self.stock_path.on_store_miss  # type: ignore[method-assign]
+        self.begin_store = self.gate.begin_store  # type: ignore[method-assign]
+        self.end_store = self.gate.end_store  # type: ignore[method-assign]
+        self.poll = self.pushed.poll  # type: ignore[method-assign]
+        self.take_released = self.holdings.take_released  # type: ignore[method-assign]
 
     def _rebuild(self) -> None:
         self._build(
