@@ -13,9 +13,9 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from engine_adapter.policy_state import Loc, PolicyState, RequestInfo
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import EvictionClass, Run, Victim
+from tenure.engine_adapter.policy_state import Loc, PolicyState, RequestInfo
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import EvictionClass, Run, Victim
 
 __all__ = ["KeyMap", "merge_locs", "victim_keys"]
 

@@ -3,13 +3,13 @@
 vLLM's tiering path has no Tenure primary-tier policy and so no :class:`PushClient`; the SSD
 tier reports on its own: a DEALER of its own to the sidecar's push ROUTER (the same address,
 the same CURVE keys: ``TENURE_PUSH_SERVER_KEY`` / ``TENURE_PUSH_CLIENT_SECRET_KEY``) sending a
-:class:`~service.wire.push.PlacementReport` every ``interval_s``: counter deltas since the
+:class:`~tenure.service.wire.push.PlacementReport` every ``interval_s``: counter deltas since the
 previous report (bytes written per tier and segment class, bytes kept off the SSD and deleted
 per class, files deleted) and the gauges (SSD bytes and files in use, write rate, projected
 device-years). Bounded by construction: the counters are per tier and class, never per session.
 
 The thread reads the tier's totals (:class:`PlacementTotals`, a copy taken by
-:meth:`engine_adapter.tiering.TenureFsTier.placement_totals`) and never touches the tier's
+:meth:`tenure.engine_adapter.tiering.TenureFsTier.placement_totals`) and never touches the tier's
 state otherwise; the engine never waits on it. With no sidecar connected a report is not
 queued (``IMMEDIATE``) and its deltas stay pending: the next report that goes out carries
 everything since the last one sent, so bytes are neither lost nor counted twice (the sidecar
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from engine_adapter.push_socket import run_connected
-from engine_adapter.settings import adapter_env
-from service.wire.push import PlacementReport, encode
+from tenure.engine_adapter.push_socket import run_connected
+from tenure.engine_adapter.settings import adapter_env
+from tenure.service.wire.push import PlacementReport, encode
 
 __all__ = ["PlacementPusher", "PlacementTotals", "placement_delta"]
 

@@ -5,7 +5,7 @@ sessions and segments (runs of blocks). This class keeps the map between the two
 vLLM-side facts the core does not model (chunk handles, transfer pins):
 
 * every resident key has one *owner location* ``(segment, block index)`` in the core's
-  :class:`~service.policy.tier.HostTier`; the index comes from the key's token position, so a
+  :class:`~tenure.service.policy.tier.HostTier`; the index comes from the key's token position, so a
   session's context maps to a few long runs and the core's cost grows with sessions, not blocks;
 * keys reused by other sessions (shared prefixes) are reference-counted: when the owner's blocks
   are reclaimed (last turn, host TTL) a live sharer inherits them instead of losing them;
@@ -14,12 +14,12 @@ vLLM-side facts the core does not model (chunk handles, transfer pins):
   yet); staged keys are admitted by the core and about to be inserted by vLLM.
 
 A store is decided once, for the whole offer, before vLLM asks for victims:
-:meth:`begin_store` (called by :class:`~engine_adapter.manager.TenureOffloadingManager`, or by
-``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
+:meth:`begin_store` (called by :class:`~tenure.engine_adapter.manager.TenureOffloadingManager`, or
+by ``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
 chosen victims, or ``None`` to refuse the store. Everything runs on EngineCore's scheduler
 thread; the push-channel thread only appends to :attr:`inbox`.
 
-The class is assembled from parts with one job each (see :mod:`engine_adapter.policy_state`):
+The class is assembled from parts with one job each (see :mod:`tenure.engine_adapter.policy_state`):
 the key map, pushed decisions and timers, requests and session inference, the store gate, and
 the stock-manager path; what stays here is the ``CachePolicy`` surface that is none of those.
 The per-offer loops (``begin_store``, ``on_request_finished``, ``evict``) keep the map's
@@ -42,14 +42,14 @@ from typing import Any, ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus, order_request_keys
 
-from engine_adapter.key_map import merge_locs
-from engine_adapter.policy_state import Loc
-from engine_adapter.rent_timers import RentTimers
-from engine_adapter.resumes import ResumeTracker
-from engine_adapter.stock_path import StockPath
-from engine_adapter.vllm_compat import core_params
-from service.policy import EvictionClass, HostTier, Run, SessionHint, create_policy
-from service.wire.push import Decision, Snapshot
+from tenure.engine_adapter.key_map import merge_locs
+from tenure.engine_adapter.policy_state import Loc
+from tenure.engine_adapter.rent_timers import RentTimers
+from tenure.engine_adapter.resumes import ResumeTracker
+from tenure.engine_adapter.stock_path import StockPath
+from tenure.engine_adapter.vllm_compat import core_params
+from tenure.service.policy import EvictionClass, HostTier, Run, SessionHint, create_policy
+from tenure.service.wire.push import Decision, Snapshot
 
 __all__ = ["TenureCachePolicy"]
 

@@ -1,11 +1,11 @@
-"""The state one :class:`~engine_adapter.policy.TenureCachePolicy` keeps, declared once.
+"""The state one :class:`~tenure.engine_adapter.policy.TenureCachePolicy` keeps, declared once.
 
 The policy is one ``CachePolicy`` object built from parts with one job each, stacked from
-this base up: the key <-> (segment, index) map (:mod:`engine_adapter.key_map`), the application
-of pushed decisions and timers (:mod:`engine_adapter.pushed`), session inference and request
-starts (:mod:`engine_adapter.requests`), the store-gating protocol
-(:mod:`engine_adapter.store_gate`) and the calls that carry no decision of their own under
-vLLM's stock manager (:mod:`engine_adapter.stock_path`). They share these fields (set by
+this base up: the key <-> (segment, index) map (:mod:`tenure.engine_adapter.key_map`), the
+application of pushed decisions and timers (:mod:`tenure.engine_adapter.pushed`), session inference
+and request starts (:mod:`tenure.engine_adapter.requests`), the store-gating protocol
+(:mod:`tenure.engine_adapter.store_gate`) and the calls that carry no decision of their own under
+vLLM's stock manager (:mod:`tenure.engine_adapter.stock_path`). They share these fields (set by
 ``TenureCachePolicy._reset_state``): one object, so vLLM's hot calls stay plain attribute
 reads with no hop between components.
 """
@@ -20,11 +20,11 @@ from typing import ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
-from engine_adapter.rent_timers import RentTimers
-from engine_adapter.resumes import ResumeTracker
-from engine_adapter.tags import RequestTags
-from service.policy import EvictionClass, HostTier, SessionHint, TierPolicy
-from service.wire.push import Decision, Snapshot
+from tenure.engine_adapter.rent_timers import RentTimers
+from tenure.engine_adapter.resumes import ResumeTracker
+from tenure.engine_adapter.tags import RequestTags
+from tenure.service.policy import EvictionClass, HostTier, SessionHint, TierPolicy
+from tenure.service.wire.push import Decision, Snapshot
 
 __all__ = ["PolicyState", "RequestInfo"]
 

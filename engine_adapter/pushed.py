@@ -6,8 +6,8 @@ with the wall clock the policy was given (never read inside the core). Blocks th
 outside a store (reclaim, TTL) are handed to a live sharer or doomed, and released to the
 manager's pool when it can free chunks itself.
 
-Re-priced host timers (:mod:`engine_adapter.rent_timers`): a suspension whose decision carries
-``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
+Re-priced host timers (:mod:`tenure.engine_adapter.rent_timers`): a suspension whose decision
+carries ``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
 brings the clocks, and a held copy whose timer moved by more than max(1 s, 1%) is re-hinted
 (stat ``ttl_repriced``). Without a clock for the tenant (an older sidecar) the decision's own
 ``host_ttl_s`` applies, as before.
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine_adapter.key_map import KeyMap
-from engine_adapter.rent_timers import Held, moved, tenant_of, valid_limit
-from service.policy import EvictionClass, Run, SessionHint, Victim
-from service.wire.push import Decision, Snapshot
+from tenure.engine_adapter.key_map import KeyMap
+from tenure.engine_adapter.rent_timers import Held, moved, tenant_of, valid_limit
+from tenure.service.policy import EvictionClass, Run, SessionHint, Victim
+from tenure.service.wire.push import Decision, Snapshot
 
 __all__ = ["PushedDecisions"]
 

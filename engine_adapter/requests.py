@@ -1,6 +1,6 @@
 """Requests and their sessions: tags read once per request, untagged ones inferred.
 
-A request's state (:class:`~engine_adapter.policy_state.RequestInfo`) is cached in its
+A request's state (:class:`~tenure.engine_adapter.policy_state.RequestInfo`) is cached in its
 ``ReqContext``. An untagged request continues the session whose newest (frontier) block is the
 deepest of its keys resident here; otherwise it starts an anonymous session.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from vllm.v1.kv_offload.base import ReqContext
 
-from engine_adapter.policy_state import Loc, RequestInfo
-from engine_adapter.pushed import PushedDecisions
-from engine_adapter.tags import parse_tags
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import SessionHint
+from tenure.engine_adapter.policy_state import Loc, RequestInfo
+from tenure.engine_adapter.pushed import PushedDecisions
+from tenure.engine_adapter.tags import parse_tags
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import SessionHint
 
 __all__ = ["Requests"]
 

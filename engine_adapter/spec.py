@@ -9,7 +9,7 @@ path) and a Tenure policy with ``"eviction_policy": "tenure"``. Keys it reads fr
 * ``tenure_policy_params`` — explicit core-policy parameters (e.g. ``{"overdue_slack_s": 10}``).
 * ``tenure_report_interval_s`` / ``tenure_hello_interval_s`` — push-channel cadence.
 
-The worker side is the stock one (CUDA / XPU); :mod:`engine_adapter.cpu_spec` swaps in a
+The worker side is the stock one (CUDA / XPU); :mod:`tenure.engine_adapter.cpu_spec` swaps in a
 host-copy worker for vLLM's CPU platform.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 from vllm.v1.kv_offload.base import OffloadingManager
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from engine_adapter.manager import TenureOffloadingManager
-from engine_adapter.settings import ENGINE_ID_ENV, PUSH_ADDR_ENV, adapter_env
-from engine_adapter.vllm_compat import set_spec_manager, spec_manager
+from tenure.engine_adapter.manager import TenureOffloadingManager
+from tenure.engine_adapter.settings import ENGINE_ID_ENV, PUSH_ADDR_ENV, adapter_env
+from tenure.engine_adapter.vllm_compat import set_spec_manager, spec_manager
 
 __all__ = ["ENGINE_ID_ENV", "PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
@@ -72,8 +72,8 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
             env = adapter_env()
             addr = extra.get("tenure_push_addr") or env.push_addr
             if addr:
-                from engine_adapter.push_client import PushClient
-                from engine_adapter.wakeup import find_engine_waker
+                from tenure.engine_adapter.push_client import PushClient
+                from tenure.engine_adapter.wakeup import find_engine_waker
 
                 engine_id = extra.get("tenure_engine_id") or env.engine_id
                 manager.push_client = PushClient(

@@ -13,11 +13,11 @@ from collections.abc import Collection, Iterable, Sequence
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine_adapter.key_map import merge_locs, victim_keys
-from engine_adapter.policy_state import Loc, RequestInfo
-from engine_adapter.requests import Requests
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import EvictionClass, Run
+from tenure.engine_adapter.key_map import merge_locs, victim_keys
+from tenure.engine_adapter.policy_state import Loc, RequestInfo
+from tenure.engine_adapter.requests import Requests
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import EvictionClass, Run
 
 __all__ = ["StoreGate"]
 

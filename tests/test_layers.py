@@ -22,51 +22,56 @@ PACKAGES = ("service", "engine_adapter", "clients", "benchmarks")
 LAYERS: list[tuple[str, ...]] = [
     # 0: the pure decision core, the shared errors, stand-alone tools
     (
-        "service.policy",
-        "service.errors",
-        "service.tools",
-        "service.processes",
-        "service.harness",
+        "tenure.service.policy",
+        "tenure.service.errors",
+        "tenure.service.tools",
+        "tenure.service.processes",
+        "tenure.service.harness",
         "service",
     ),
     # 1: wire and record formats shared by the sidecar, the push channel and the adapter; the SDK
-    ("service.wire", "clients"),
+    ("tenure.service.wire", "clients"),
     # 2: the Redis state, settings, metrics; the simulator; calibration; the engine adapter
     (
-        "service.state",
-        "service.settings",
-        "service.metrics",
-        "service.replay",
-        "service.calibrate",
+        "tenure.service.state",
+        "tenure.service.settings",
+        "tenure.service.metrics",
+        "tenure.service.replay",
+        "tenure.service.calibrate",
         "engine_adapter",
     ),
     # 3: the push channel's server
-    ("service.push",),
-    # 4-11: the sidecar (service.api), its rooms bottom first: the error bodies and the tenants;
-    # the upstream hop and the request's hints; the per-API shapes; segments and retention;
+    ("tenure.service.push",),
+    # 4-11: the sidecar (tenure.service.api), its rooms bottom first: the error bodies and the
+    # tenants; the upstream hop and the request's hints; the per-API shapes; segments and retention;
     # turns and their lifecycle; the one proxy pipeline; the HTTP routes; the connections
-    ("service.api.errors", "service.api.tenants"),
-    ("service.api.upstream", "service.api.hints"),
-    ("service.api.shapes",),
-    ("service.api.segments", "service.api.retention"),
-    ("service.api.turns",),
-    ("service.api.proxy",),
-    ("service.api.routes",),
-    ("service.api",),
+    ("tenure.service.api.errors", "tenure.service.api.tenants"),
+    ("tenure.service.api.upstream", "tenure.service.api.hints"),
+    ("tenure.service.api.shapes",),
+    ("tenure.service.api.segments", "tenure.service.api.retention"),
+    ("tenure.service.api.turns",),
+    ("tenure.service.api.proxy",),
+    ("tenure.service.api.routes",),
+    ("tenure.service.api",),
     # 12: the application
-    ("service.app",),
+    ("tenure.service.app",),
     # 13: the local-stack launcher
-    ("service.stack",),
+    ("tenure.service.stack",),
     # 14: the live A/B harness on the stack, and the benchmarks: imported by the CLI only
-    ("service.live", "benchmarks"),
+    ("tenure.service.live", "benchmarks"),
     # 15: the command line (``tenure`` and each package's ``cli`` / ``*_cli`` module)
     ("<cli>",),
 ]
 #: What the engine adapter may import of the rest of the house (besides vLLM and itself).
-ADAPTER_MAY_IMPORT = ("service.policy", "service.wire", "service.errors", "engine_adapter")
+ADAPTER_MAY_IMPORT = (
+    "tenure.service.policy",
+    "tenure.service.wire",
+    "tenure.service.errors",
+    "engine_adapter",
+)
 #: What the SDK may import (it ships to harnesses on its own).
 SDK_MAY_IMPORT = ("clients",)
-TEST_HELPERS = ("engine_adapter.testing",)
+TEST_HELPERS = ("tenure.engine_adapter.testing",)
 
 
 def _module_name(path: Path) -> str:
@@ -227,6 +232,6 @@ def test_the_walk_sees_the_whole_house() -> None:
     # Guards the test itself: a walk that found nothing would pass everything above.
     edges = _edges()
     assert len(edges) > 140
-    assert any(t == "service.wire.push" for t, _ in edges["service.push.server"])
+    assert any(t == "tenure.service.wire.push" for t, _ in edges["tenure.service.push.server"])
     for name in edges:
         _group(name)

@@ -1,6 +1,6 @@
 """The SSD tier's I/O path in the replay: routing, lookups, loads, stores and write-back.
 
-The part of :class:`~service.replay.tiering.LowerTier` the engine calls on every request
+The part of :class:`~tenure.service.replay.tiering.LowerTier` the engine calls on every request
 (see that module for the model); the session-lifecycle hooks are in ``tiering.py``.
 """
 
@@ -10,15 +10,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from service.policy import HostTier, Run, TierPolicy, Victim, create_policy
-from service.policy.placement import PlacementPolicy, Route, WorkerSlot, create_placement
-from service.policy.placement_guard import PlacementGuard
-from service.policy.segments import SegmentClass, SegmentTable, SessionRole, segment_key
-from service.policy.types import EvictionClass
-from service.replay.config import TieringConfig
-from service.replay.model import slice_runs
-from service.replay.sim_state import SimState
-from service.replay.tier_books import ObservedTier, UseCounts, WriteLedger
+from tenure.service.policy import HostTier, Run, TierPolicy, Victim, create_policy
+from tenure.service.policy.placement import PlacementPolicy, Route, WorkerSlot, create_placement
+from tenure.service.policy.placement_guard import PlacementGuard
+from tenure.service.policy.segments import SegmentClass, SegmentTable, SessionRole, segment_key
+from tenure.service.policy.types import EvictionClass
+from tenure.service.replay.config import TieringConfig
+from tenure.service.replay.model import slice_runs
+from tenure.service.replay.sim_state import SimState
+from tenure.service.replay.tier_books import ObservedTier, UseCounts, WriteLedger
 
 __all__ = ["TierIO"]
 

@@ -12,7 +12,7 @@ their branch from. Policies:
   configured load;
 * ``controller_est``: the same branch, lambda estimated online from the held-out suspension
   stream (cold at the start), each copy's timer re-priced by the rent clock as the estimate
-  improves (:mod:`service.policy.rent`; at a constant price it is ``t2``);
+  improves (:mod:`tenure.service.policy.rent`; at a constant price it is ``t2``);
 * ``controller_est_oneshot``: the same, but each copy's timer fixed at ``t2`` of the estimate
   at its own suspension (the one-shot timer, for comparison);
 * ``online``: Tenure's online controller from nothing: estimated lambda, waits re-collected
@@ -29,12 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.rate import rate_estimator
-from service.policy.retention_control import OneShotController, OnlineController, OnlineSettings
-from service.policy.retention_costs import RetentionModel
-from service.replay.ttl_families import WaitFamily
-from service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
-from service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
+from tenure.service.policy.rate import rate_estimator
+from tenure.service.policy.retention_control import (
+    OneShotController,
+    OnlineController,
+    OnlineSettings,
+)
+from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.replay.ttl_families import WaitFamily
+from tenure.service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
+from tenure.service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
 
 __all__ = [
     "ACCEPTANCE",

@@ -12,8 +12,8 @@ import time
 
 import httpx
 
-from engine_adapter.placement_push import PlacementPusher, PlacementTotals, placement_delta
-from service.wire.push import Hello, PlacementReport, Snapshot
+from tenure.engine_adapter.placement_push import PlacementPusher, PlacementTotals, placement_delta
+from tenure.service.wire.push import Hello, PlacementReport, Snapshot
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
 from tests.sidecar.test_push import Peer, _metric
