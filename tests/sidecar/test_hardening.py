@@ -499,8 +499,8 @@ def test_malformed_tenants_env_is_one_line_without_the_value(monkeypatch):
     env = {"TENURE_ADMIN_TOKEN": "a-long-enough-token", "TENURE_TENANTS": '{"sk-secret-1": {',
            "PATH": "/usr/bin:/bin"}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "tenure.service.cli", "serve"], env=env, capture_output=True, text=True,
-        timeout=60,
+        [sys.executable, "-m", "tenure.service.cli", "serve"], env=env, capture_output=True,
+        text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip() == "tenure: error: TENURE_TENANTS is not valid JSON"
