@@ -224,6 +224,32 @@ class SentinelGroup:
 
         self._wait(caught_up, timeout, "the replica to catch up")
 
+    def replicated_through_now(self, timeout: float = 30.0) -> None:
+        """Until the replica has acknowledged every write the master had taken when this was
+        called (its offset reaches the master's offset read now; writes may go on meanwhile,
+        unlike :meth:`wait_replicated`, which needs the two offsets to meet)."""
+        master = self.master().port
+
+        def fields() -> dict[str, str]:
+            info = redis_command(master, "INFO", "replication")
+            return dict(
+                line.split(":", 1)
+                for line in info.split("\r\n")
+                if ":" in line and not line.startswith("$")
+            )
+
+        target = int(fields()["master_repl_offset"])
+
+        def reached() -> bool:
+            for key, value in fields().items():
+                if key.startswith("slave") and "state=online" in value:
+                    parts = dict(item.split("=", 1) for item in value.split(",") if "=" in item)
+                    if int(parts.get("offset", "-1")) >= target:
+                        return True
+            return False
+
+        self._wait(reached, timeout, "the replica to acknowledge the master's writes so far")
+
     def kill_master(self) -> RedisNode:
         master = self.master()
         master.kill()
