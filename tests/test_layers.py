@@ -250,7 +250,7 @@ def test_the_walk_sees_the_whole_house() -> None:
 
 #: Where Python code of the repository lives, besides the packages themselves.
 ELSEWHERE = ("tests", "docs", "scripts")
-#: A module path spelled with a bare folder name: ``"service.cli"``, ``"engine_adapter.spec:X"``.
+#: A module-path string that starts at a bare folder name (optionally with ``:attribute``).
 BARE_PATH = re.compile(rf"^(?:{'|'.join(PACKAGES)})\.[A-Za-z_][\w.]*(?::\w+)?$")
 
 
@@ -261,7 +261,7 @@ def _python_files() -> Iterator[Path]:
 
 def test_nothing_imports_the_bare_folder_names() -> None:
     # ``service`` is importable in a checkout (the repository root is on the path), but it is a
-    # second copy of every module: ``service.errors.UsageError`` is not
+    # second copy of every module: the bare copy's ``UsageError`` is not
     # ``tenure.service.errors.UsageError``. And the wheel has no ``service`` at all.
     wrong = []
     for path in _python_files():
