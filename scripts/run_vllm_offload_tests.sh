@@ -20,6 +20,9 @@
 #       POLICIES="tenure tenure-lru ..."  (default: every registered policy)
 #       MANAGERS="stock tenure"            (default: both)
 #       FORCE=1                            run even if VLLM_SRC's kv_offload differs
+#       TENURE_VLLM_CONTRACT=0             no contract checks: a reference run with one of
+#                                          vLLM's own policies (POLICIES=arc: vLLM's ARC in
+#                                          the LRU tests), compared with vLLM's as usual
 #
 # The tests are copied to a scratch directory (never into this repository) and run with the
 # pytest plugin scripts/vllm_offload_shim.py, which routes the policies, checks the

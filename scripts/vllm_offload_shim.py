@@ -7,7 +7,9 @@ code and fetches nothing. Environment:
   manager of the tests is built with (``none``: leave vLLM's policies in place, a baseline);
 * ``TENURE_VLLM_MANAGER``: ``stock`` (vLLM's ``CPUOffloadingManager``) or ``tenure``
   (``engine_adapter``'s ``TenureOffloadingManager`` in its place);
-* ``TENURE_VLLM_RESULTS``: a JSON-lines file, one line per test.
+* ``TENURE_VLLM_RESULTS``: a JSON-lines file, one line per test;
+* ``TENURE_VLLM_CONTRACT``: ``0`` skips the contract checks (for a reference run routed to
+  vLLM's own ``arc``: which victims does vLLM's ARC choose in an LRU test).
 
 Every routed manager is wrapped by :func:`tenure.engine_adapter.testing.contract.instrument`, so a
 contract breach (an overrun, a protected key evicted, a non-atomic evict, books that disagree
@@ -33,6 +35,10 @@ RESULTS = os.environ.get("TENURE_VLLM_RESULTS")
 #: past that check, so their calls still run under the contract checks until they read a
 #: vLLM-internal attribute (reported as such).
 WHITEBOX = os.environ.get("TENURE_VLLM_WHITEBOX", "1") == "1"
+#: 0: no contract checks, only the comparison with vLLM's policy. For a reference run that
+#: routes to one of vLLM's own policies (``TENURE_VLLM_POLICY=arc``), which lacks the books
+#: (``chunks``) the checker reads.
+CONTRACT = os.environ.get("TENURE_VLLM_CONTRACT", "1") == "1"
 _BUILTINS = ("lru", "arc")
 
 _managers: list[Any] = []
@@ -70,7 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
         stock_init(self, *args_list, **kwargs)
         if routed == asked:
             return
-        instrument(self)
+        if CONTRACT:
+            instrument(self)
         # vLLM's own manager and policy, fed the same calls: where the two first part ways
         # is the reason a test expecting vLLM's behaviour fails.
         shadowing = True

@@ -195,6 +195,9 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
         stop = asyncio.Event()
 
         async def sample_forever() -> None:
+            said_at = 0.0
+            seen = 0
+            failed = 0
             while not stop.is_set():
                 sentinel = multi.sentinel
                 master = sentinel.master_port() if sentinel is not None else None
@@ -205,6 +208,24 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
                 row["redis_mib"] = await asyncio.to_thread(_redis_used_mib, master)
                 row["turns"] = len(ledger.turns)
                 samples.append(row)
+                # A line a minute, so an hour's run shows it is alive (and when it stops
+                # being answered) without waiting for the report.
+                failed += sum(1 for turn in ledger.turns[seen:] if turn.status != 200)
+                seen = len(ledger.turns)
+                if row["t"] - said_at >= 60:
+                    said_at = row["t"]
+                    rss = "/".join(
+                        f"{row[k]:.0f}" if row[k] is not None else "-"
+                        for k in sorted(row)
+                        if k.startswith("rss_mib_")
+                    )
+                    redis_mib = row["redis_mib"]
+                    progress(
+                        f"t={row['t'] / 60:.0f} min: {seen:,} turns, {failed:,} first attempts "
+                        f"not 200, {len(ledger.acks):,} acknowledged writes, sidecar RSS {rss} "
+                        f"MiB, Redis "
+                        + (f"{redis_mib:.1f} MiB" if redis_mib is not None else "unreachable")
+                    )
                 if adapters is not None:
                     adapters.drain()
                 with contextlib.suppress(TimeoutError):

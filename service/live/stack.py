@@ -85,6 +85,12 @@ class ABStackConfig(StackConfig):
     #: fewer to spawn and import torch and vLLM into at start (measured ~14 s of a ~45-65 s
     #: start on the loaded 2-core VM). ``tenure up --quick`` sets it for both arms.
     in_process_worker: bool = False
+    #: Extra arguments of the vLLM server, after the ones above (e.g. a ``--generation-config``
+    #: directory whose ``eos_token_id`` list makes the random model end its answers).
+    engine_args: list[str] = field(default_factory=list)
+    #: Extra environment of the vLLM server (e.g. ``VLLM_SERVER_DEV_MODE=1`` for its
+    #: ``/reset_prefix_cache``).
+    engine_env: dict[str, str] = field(default_factory=dict)
 
 
 class ABStack(LocalStack):
@@ -154,6 +160,7 @@ class ABStack(LocalStack):
             "--uvicorn-log-level", "warning",
             "--kv-transfer-config", json.dumps(self.engine_transfer_config()),
             *(("--distributed-executor-backend", "uni") if cfg.in_process_worker else ()),
+            *cfg.engine_args,
         ]  # fmt: skip
 
     def engine_banner(self) -> str:
@@ -181,6 +188,7 @@ class ABStack(LocalStack):
             # CPU platform keeps the ``uni`` executor only where this is off (it forces a
             # worker process otherwise).
             self.engine.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.engine.env.update(self.config.engine_env)
         self.engine.start()
 
     def wait_engine(self) -> None:

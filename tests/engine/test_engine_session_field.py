@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tenure.service.processes import free_port, http_json
+from tenure.service.processes import http_json
 from tenure.service.stack import LocalStack, StackConfig
 from tenure.service.tools.tiny_model import word_prompt
 from tenure.service.wire.engine_session import engine_session_id
@@ -34,17 +34,20 @@ CLIENT_SESSION = "shared-client-session"
 
 
 class _EventsStack(LocalStack):
-    """The test stack with vLLM's KV events published on ``events_port``."""
+    """The test stack with vLLM's KV events published to ``events_endpoint``."""
 
-    def __init__(self, config: StackConfig, events_port: int) -> None:
+    def __init__(self, config: StackConfig, events_endpoint: str) -> None:
         super().__init__(config)
-        self.events_port = events_port
+        self.events_endpoint = events_endpoint
 
     def engine_argv(self) -> list[str]:
+        # vLLM's ZMQ publisher binds only wildcard / ipc endpoints and *connects* to a
+        # host:port one (``ZmqEventPublisher._is_bind_endpoint``), so it connects to the
+        # subscriber's bound loopback address. (Both connecting was why no event arrived.)
         events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": f"tcp://127.0.0.1:{self.events_port}",
+            "endpoint": self.events_endpoint,
             "topic": "kv",
         }
         return [*super().engine_argv(), "--kv-events-config", json.dumps(events)]
@@ -55,16 +58,21 @@ class _EventsStack(LocalStack):
 
 
 class _Events:
-    """Subscribes to the engine's KV events; collects the session ids of BlockStored."""
+    """Subscribes to the engine's KV events; collects the session ids of BlockStored.
 
-    def __init__(self, port: int) -> None:
+    The subscriber binds (loopback, a port the OS picks) and the engine's publisher connects
+    to it, before the engine starts, so no event of the test's requests can be missed.
+    """
+
+    def __init__(self) -> None:
         import zmq
 
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.RCVTIMEO, 200)
-        self._sock.connect(f"tcp://127.0.0.1:{port}")
+        self._sock.bind("tcp://127.0.0.1:0")
+        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.sessions: list[str | None] = []
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -108,20 +116,29 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
         external_redis_url=redis_server.url,
         engine_timeout_s=900,
     )
-    local = _EventsStack(config, free_port())
-    local.start()
-    events = _Events(local.events_port)
-    yield local, events
-    events.close()
-    local.stop()
+    events = _Events()
+    local = _EventsStack(config, events.endpoint)
+    try:
+        local.start()
+        yield local, events
+    finally:
+        local.stop()
+        events.close()
+
+
+def _client_session(route: str) -> str:
+    # One client session id per route (the same for both tenants), so each route's test
+    # waits for its own derived ids and cannot pass on an earlier route's events.
+    return f"{CLIENT_SESSION}-{route}"
 
 
 def _send(stack: LocalStack, route: str, tenant: str, seed: int) -> None:
     """One tracked request on ``route`` with the client's session id, as tenant ``tenant``."""
     prompt = word_prompt(seed, 300)  # two or more full 128-token blocks: BlockStored events
-    headers = {"X-Tenure-Session": CLIENT_SESSION, "Authorization": f"Bearer {KEYS[tenant]}"}
+    client = _client_session(route)
+    headers = {"X-Tenure-Session": client, "Authorization": f"Bearer {KEYS[tenant]}"}
     # A client's own session_id in the body must not reach the engine either.
-    body: dict[str, Any] = {"model": "tiny", "session_id": CLIENT_SESSION}
+    body: dict[str, Any] = {"model": "tiny", "session_id": client}
     if route == "chat":
         path = "/v1/chat/completions"
         body |= {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
@@ -138,13 +155,16 @@ def _send(stack: LocalStack, route: str, tenant: str, seed: int) -> None:
     http_json("POST", f"{stack.proxy_url}{path}", body, headers)
 
 
-@pytest.mark.skip(
-    reason="issue 27, open: no KV event reached the subscriber from the CPU build "
-    "(engine up, requests answered, zero BlockStored received; not diagnosed). It failed "
-    "every run and cost ~5 minutes of CI as an xfail; the sidecar side is covered by "
-    "tests/sidecar/test_router_headers.py against a recording upstream."
-)
-@pytest.mark.parametrize("route", ["chat", "completions", "messages", "responses"])
+ROUTES = ("chat", "completions", "messages", "responses")
+
+
+def test_the_routes_here_are_every_tracked_route() -> None:
+    from tenure.service.api.proxy.pipeline import TRACKED
+
+    assert {shape.name for shape in TRACKED} == set(ROUTES)
+
+
+@pytest.mark.parametrize("route", ROUTES)
 def test_every_tracked_route_reaches_vllm_with_the_tenant_scoped_session(
     stack: tuple[LocalStack, _Events], route: str
 ) -> None:
@@ -152,12 +172,12 @@ def test_every_tracked_route_reaches_vllm_with_the_tenant_scoped_session(
     seeds = {"chat": 1, "completions": 2, "messages": 3, "responses": 4}
     for tenant in KEYS:
         _send(local, route, tenant, seed=seeds[route] * 10 + len(tenant))
-    alpha = engine_session_id("alpha", CLIENT_SESSION)
-    beta = engine_session_id("beta", CLIENT_SESSION)
+    alpha = engine_session_id("alpha", _client_session(route))
+    beta = engine_session_id("beta", _client_session(route))
     assert alpha != beta
     # vLLM attached the sidecar's id for each tenant to the blocks the request stored.
     assert events.wait_for(alpha), (route, sorted({s for s in events.sessions if s}))
     assert events.wait_for(beta), (route, sorted({s for s in events.sessions if s}))
     # No client-chosen string reached the engine's own session field.
-    assert CLIENT_SESSION not in events.sessions
+    assert _client_session(route) not in events.sessions
     assert all(s is None or s.startswith("tnr-") for s in events.sessions)

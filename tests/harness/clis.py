@@ -97,18 +97,18 @@ def install() -> Clis | str:
     return clis
 
 
-def claude_env(base_url: str, api_key: str, home: Path) -> dict[str, str]:
-    """Claude Code pointed at the sidecar, with its background traffic off."""
+def claude_env(base_url: str, api_key: str, home: Path, model: str = "scripted") -> dict[str, str]:
+    """Claude Code pointed at the sidecar, with its background traffic off; ``model`` is the
+    name the engine serves (the scripted engine answers to any)."""
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_API_KEY": api_key,
-        # Model names the scripted engine answers to (any name works with a real vLLM too).
-        "ANTHROPIC_MODEL": "scripted",
-        "ANTHROPIC_SMALL_FAST_MODEL": "scripted",
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "scripted",
-        "CLAUDE_CODE_SUBAGENT_MODEL": "scripted",
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
@@ -118,11 +118,11 @@ def claude_env(base_url: str, api_key: str, home: Path) -> dict[str, str]:
     }
 
 
-def codex_home(home: Path, base_url: str) -> Path:
+def codex_home(home: Path, base_url: str, model: str = "scripted") -> Path:
     """A ``CODEX_HOME`` whose config points Codex at the sidecar (``base_url`` ends in /v1)."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
-        'model = "scripted"\n'
+        f'model = "{model}"\n'
         'model_provider = "tenure"\n'
         'approval_policy = "never"\n'
         'sandbox_mode = "danger-full-access"\n'

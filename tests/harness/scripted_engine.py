@@ -10,7 +10,10 @@ The script, by what the conversation holds:
 * the newest input is a tool's result -> a short text answer (``end_turn`` / ``stop`` /
   a completed response);
 * else, when the prompt asks for a sub-agent (``[spawn]``) and the request offers Claude
-  Code's ``Agent`` (or older ``Task``) tool -> a call of it with a prompt for the child;
+  Code's ``Agent`` (or older ``Task``) tool -> a call of it with a prompt for the child; when
+  it offers Codex's multi-agent tools (the ``multi_agent_v1`` namespace) -> ``spawn_agent``
+  with that prompt, and once its result (the child's ``agent_id``) is back, ``wait_agent`` on
+  the child, so the lead waits for it as for a foreground child;
 * else, when the request offers a shell tool (``Bash``, ``shell``, ``exec_command``,
   ``local_shell``) -> one call of it (``echo tenure-ok``);
 * else (a side request: a title, a quota probe) -> a short text answer.
@@ -39,6 +42,8 @@ SHELL_COMMAND = "echo tenure-ok"
 CHILD_PROMPT = "Run `echo tenure-ok` in a shell and report what it printed. [child]"
 _SHELL_TOOLS = ("Bash", "shell", "exec_command", "local_shell", "shell_command")
 _AGENT_TOOLS = ("Agent", "Task")
+#: Codex's multi-agent tools: a namespace tool whose calls name it beside the function.
+CODEX_AGENTS = "multi_agent_v1"
 
 
 @dataclass(slots=True)
@@ -129,6 +134,8 @@ class Plan:
     tool: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+    #: The tool namespace a Responses function call names (Codex's ``multi_agent_v1``).
+    namespace: str = ""
 
     @property
     def label(self) -> str:
@@ -204,13 +211,33 @@ def _latest_user_text(path: str, body: dict[str, Any]) -> str:
     return ""
 
 
+def _spawned_agent(path: str, body: dict[str, Any]) -> str | None:
+    """The ``agent_id`` when the newest input is Codex's ``spawn_agent`` result."""
+    items = body.get("input") if path == "/v1/responses" else None
+    if not isinstance(items, list) or not items or not isinstance(items[-1], dict):
+        return None
+    try:
+        output = json.loads(items[-1].get("output") or "")
+    except (TypeError, ValueError):
+        return None
+    agent = output.get("agent_id") if isinstance(output, dict) else None
+    return agent if isinstance(agent, str) else None
+
+
 def _plan(path: str, body: dict[str, Any]) -> Plan:
     if is_tool_result_turn(path, body):
+        agent = _spawned_agent(path, body)
+        if agent is not None:
+            wait = {"targets": [agent], "timeout_ms": 60_000}
+            return Plan(tool="wait_agent", arguments=wait, namespace=CODEX_AGENTS)
         return Plan(text="Done: the shell printed tenure-ok.")
     names = _tool_names(body)
     prompt = _latest_user_text(path, body)
     if "SYSTEM NOTIFICATION" in prompt:
         return Plan(text="Noted.")  # a harness's own event (a background task ended)
+    if "<subagent_notification>" in prompt:
+        # Codex tells the lead its child finished (after ``wait_agent`` returned).
+        return Plan(text="Done: the shell printed tenure-ok.")
     if "[spawn]" in prompt and "[child]" not in prompt:
         agent = next((n for n in _AGENT_TOOLS if n in names), None)
         if agent is not None:
@@ -223,6 +250,10 @@ def _plan(path: str, body: dict[str, Any]) -> Plan:
                     # A foreground child: the lead waits for its answer.
                     "run_in_background": False,
                 },
+            )
+        if CODEX_AGENTS in names:
+            return Plan(
+                tool="spawn_agent", arguments={"message": CHILD_PROMPT}, namespace=CODEX_AGENTS
             )
     shell = shell_tool(names)
     if shell is None:
@@ -369,6 +400,8 @@ async def _responses(
             "call_id": f"call_scripted_{number:05d}", "name": plan.tool,
             "arguments": json.dumps(plan.arguments), "status": "completed",
         }  # fmt: skip
+        if plan.namespace:
+            item["namespace"] = plan.namespace
     else:
         item = {
             "type": "message", "id": f"msg_scripted_{number:05d}", "role": "assistant",

@@ -311,6 +311,50 @@ def test_codex_plain_resumed_failing_and_cut_runs(stack: Stack, installed: clis.
     _check_ended_one_shot(stack.settled(CODEX_KEY, thread), len(_answered(sent)))
 
 
+def test_codex_subagent_is_a_child_session(stack: Stack, installed: clis.Clis) -> None:
+    """Codex's multi-agent tools: the lead calls ``spawn_agent`` and ``wait_agent``; the child
+    thread sends its own ``thread-id`` with the root's ``session-id``."""
+    work = stack.tmp / "codex-sub"
+    mark = len(stack.engine.received)
+    run = _codex(stack, installed, work, "Please [spawn] a sub-agent to check the shell")
+    assert run.returncode == 0, run.stderr
+    assert ANSWER in run.stdout
+    sent = _since(stack, mark)
+
+    def source(request: Received) -> str:
+        return str(json.loads(request.headers["x-codex-turn-metadata"])["thread_source"])
+
+    lead_requests = [r for r in sent if source(r) != "subagent"]
+    child_requests = [r for r in sent if source(r) == "subagent"]
+    assert lead_requests and child_requests
+    assert [r.answer for r in lead_requests[:2]] == ["tool:spawn_agent", "tool:wait_agent"]
+    (lead,) = {r.headers["thread-id"] for r in lead_requests}
+    (child,) = {r.headers["thread-id"] for r in child_requests}
+    assert child != lead and {r.headers["session-id"] for r in sent} == {lead}
+    lead_view = stack.settled(CODEX_KEY, lead)
+    child_view = stack.settled(CODEX_KEY, child)
+    assert child_view["parent"] == lead and lead_view["parent"] is None
+    # The worker class and the spawn record, as the engine receives them.
+    first = _tenure(child_requests[0])
+    assert first["role"] == "worker" and first["parent_session"] == f"codex/{lead}"
+    assert first["predicted_lifetime_s"] > 0
+    assert all(_tenure(r)["session_id"] == f"codex/{child}" for r in child_requests)
+    assert all(_tenure(r)["parent"] == f"codex/{lead}" for r in child_requests)
+    assert all(_tenure(r)["role"] == "lead" for r in lead_requests)
+    assert child_view["turn"] == len(_answered(child_requests))
+    assert lead_view["turn"] == len(_answered(lead_requests))
+    assert child_view["reason"] == "likely_end_subagent"
+    assert lead_view["reason"] == "likely_end_one_shot"
+    # While the child ran (the lead in wait_agent), no decision of the lead was a human gap.
+    began, ended = child_requests[0].at, child_requests[-1].at
+    during = [
+        d for d in stack.decisions(f"codex/{lead}") if began <= d["issued_at"] <= ended + 1.0
+    ]  # fmt: skip
+    assert during, "the lead got no decision while its child ran"
+    assert all(d["reason"] != "predicted_human" for d in during), during
+    assert {d["reason"] for d in during} & {"awaiting_child", "child_returned"}, during
+
+
 def test_malformed_harness_fields_change_nothing_and_are_counted(stack: Stack) -> None:
     """A request that claims to be Claude Code with broken fields is served as generic."""
     body = {
