@@ -222,7 +222,6 @@ def _control() -> tuple[RetentionControl, Metrics]:
         metrics.retention, tenants=["default"], clock=lambda: 0.0, knobs=RetentionKnobs(),
         owner="test",
     )  # fmt: skip
-    metrics.on_resumes = control.record_resumes
     return control, metrics
 
 
@@ -241,7 +240,8 @@ def test_reported_resume_outcomes_are_counted_per_branch_and_priced():
                       prompt_tokens=256, hbm_tokens=256),
         ResumeOutcome(tenant="mallory", branch="evil\nlabel", outcome="x" * 300),
     ]  # fmt: skip
-    metrics.record_counters(ResidencyReport(adapter_id="a", report_seq=1, at=0, resumes=outcomes))
+    # What the push server does with a report's outcomes (on_resumes, given at construction).
+    control.record_resumes(outcomes)
     registry = metrics.registry
 
     def sample(name: str, **labels: str) -> float:

@@ -391,5 +391,4 @@ def build_retention(
         RetentionStore(store, window=knobs.window), metrics.retention, tenants=tenants,
         clock=clock, knobs=knobs, owner=owner, on_change=on_change,
     )  # fmt: skip
-    metrics.on_resumes = control.record_resumes
     return control
