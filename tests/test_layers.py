@@ -24,51 +24,56 @@ PACKAGES = ("service", "engine_adapter", "clients", "benchmarks")
 LAYERS: list[tuple[str, ...]] = [
     # 0: the pure decision core, the shared errors, stand-alone tools
     (
-        "service.policy",
-        "service.errors",
-        "service.tools",
-        "service.processes",
-        "service.harness",
+        "tenure.service.policy",
+        "tenure.service.errors",
+        "tenure.service.tools",
+        "tenure.service.processes",
+        "tenure.service.harness",
         "service",
     ),
     # 1: wire and record formats shared by the sidecar, the push channel and the adapter; the SDK
-    ("service.wire", "clients"),
+    ("tenure.service.wire", "clients"),
     # 2: the Redis state, settings, metrics; the simulator; calibration; the engine adapter
     (
-        "service.state",
-        "service.settings",
-        "service.metrics",
-        "service.replay",
-        "service.calibrate",
+        "tenure.service.state",
+        "tenure.service.settings",
+        "tenure.service.metrics",
+        "tenure.service.replay",
+        "tenure.service.calibrate",
         "engine_adapter",
     ),
     # 3: the push channel's server
-    ("service.push",),
-    # 4-11: the sidecar (service.api), its rooms bottom first: the error bodies and the tenants;
-    # the upstream hop and the request's hints; the per-API shapes; segments and retention;
+    ("tenure.service.push",),
+    # 4-11: the sidecar (tenure.service.api), its rooms bottom first: the error bodies and the
+    # tenants; the upstream hop and the request's hints; the per-API shapes; segments and retention;
     # turns and their lifecycle; the one proxy pipeline; the HTTP routes; the connections
-    ("service.api.errors", "service.api.tenants"),
-    ("service.api.upstream", "service.api.hints"),
-    ("service.api.shapes",),
-    ("service.api.segments", "service.api.retention"),
-    ("service.api.turns",),
-    ("service.api.proxy",),
-    ("service.api.routes",),
-    ("service.api",),
+    ("tenure.service.api.errors", "tenure.service.api.tenants"),
+    ("tenure.service.api.upstream", "tenure.service.api.hints"),
+    ("tenure.service.api.shapes",),
+    ("tenure.service.api.segments", "tenure.service.api.retention"),
+    ("tenure.service.api.turns",),
+    ("tenure.service.api.proxy",),
+    ("tenure.service.api.routes",),
+    ("tenure.service.api",),
     # 12: the application
-    ("service.app",),
+    ("tenure.service.app",),
     # 13: the local-stack launcher
-    ("service.stack",),
+    ("tenure.service.stack",),
     # 14: the live A/B harness on the stack, and the benchmarks: imported by the CLI only
-    ("service.live", "benchmarks"),
+    ("tenure.service.live", "benchmarks"),
     # 15: the command line (``tenure`` and each package's ``cli`` / ``*_cli`` module)
     ("<cli>",),
 ]
 #: What the engine adapter may import of the rest of the house (besides vLLM and itself).
-ADAPTER_MAY_IMPORT = ("service.policy", "service.wire", "service.errors", "engine_adapter")
+ADAPTER_MAY_IMPORT = (
+    "tenure.service.policy",
+    "tenure.service.wire",
+    "tenure.service.errors",
+    "engine_adapter",
+)
 #: What the SDK may import (it ships to harnesses on its own).
 SDK_MAY_IMPORT = ("clients",)
-TEST_HELPERS = ("engine_adapter.testing",)
+TEST_HELPERS = ("tenure.engine_adapter.testing",)
 #: Where classes may not extend a project class of another module.
 NO_CROSS_MODULE_BASES = ("service", "engine_adapter")
 #: Project classes that classes of other modules may extend: real is-a relations, not one
@@ -77,25 +82,25 @@ ALLOWED_BASES: dict[str, str] = {
     # The decision core's contracts: every core policy is a TierPolicy (the narrow ABC with
     # the all-or-nothing contract that the replay, the sidecar and the adapter call), every
     # placement policy a PlacementPolicy.
-    "service.policy.base.TierPolicy": "the core policy ABC",
-    "service.policy.placement.PlacementPolicy": "the placement policy ABC",
+    "tenure.service.policy.base.TierPolicy": "the core policy ABC",
+    "tenure.service.policy.placement.PlacementPolicy": "the placement policy ABC",
     # The family of policies that decide by sessions (tenure's gate, Mori, Marconi, the
     # oracle, TTL pinning) share one lifecycle book, reclaim and host TTL, and each is used
     # wherever a SessionPolicy is (the replay's and the adapter's session hints).
-    "service.policy.sessions.SessionPolicy": "the session-lifecycle policy family",
+    "tenure.service.policy.sessions.SessionPolicy": "the session-lifecycle policy family",
     # Exception hierarchy: a workload's scale error is a usage error (one exit path).
-    "service.errors.UsageError": "exception hierarchy",
+    "tenure.service.errors.UsageError": "exception hierarchy",
     # The replay's ObservedTier is a HostTier that also reports residency changes; it is
     # passed wherever the core's HostTier is.
-    "service.policy.tier.HostTier": "a HostTier that reports to the replay's books",
+    "tenure.service.policy.tier.HostTier": "a HostTier that reports to the replay's books",
     # vLLM's OffloadingSpec / OffloadingWorker families (vLLM loads them by class): the CPU
     # spec is Tenure's spec with the host-copy worker; the tiering spec's worker is the
     # host-copy worker with its pool in a shared region.
-    "engine_adapter.spec.TenureOffloadingSpec": "vLLM OffloadingSpec family",
-    "engine_adapter.cpu_spec.HostCopyWorker": "vLLM OffloadingWorker family",
+    "tenure.engine_adapter.spec.TenureOffloadingSpec": "vLLM OffloadingSpec family",
+    "tenure.engine_adapter.cpu_spec.HostCopyWorker": "vLLM OffloadingWorker family",
     # The live A/B stack is a local stack (the A/B's settings and model on the same launcher).
-    "service.stack.StackConfig": "the A/B stack's settings are stack settings",
-    "service.stack.LocalStack": "the A/B stack is a local stack",
+    "tenure.service.stack.StackConfig": "the A/B stack's settings are stack settings",
+    "tenure.service.stack.LocalStack": "the A/B stack is a local stack",
 }
 
 
@@ -307,7 +312,7 @@ def test_the_base_class_check_sees_a_split_class(tmp_path: Path) -> None:
     (tmp_path / "service" / "part.py").write_text("class Part:\n    pass\n")
     (tmp_path / "service" / "whole.py").write_text(
         "from service.part import Part\n"
-        "from service.errors import UsageError\n"
+        "from tenure.service.errors import UsageError\n"
         "class Local:\n    pass\n"
         "class Whole(Part):\n    pass\n"
         "class Near(Local):\n    pass\n"
@@ -317,7 +322,7 @@ def test_the_base_class_check_sees_a_split_class(tmp_path: Path) -> None:
     known = {f"service.{p.stem}": p for p in (tmp_path / "service").glob("*.py")}
     found = sorted(_class_bases(known))
     assert found == [
-        ("service.whole.Bad", "service.errors.UsageError"),
+        ("service.whole.Bad", "tenure.service.errors.UsageError"),
         ("service.whole.Whole", "service.part.Part"),
     ]
     assert [c for c, b in found if b not in ALLOWED_BASES] == ["service.whole.Whole"]
@@ -330,6 +335,6 @@ def test_the_walk_sees_the_whole_house() -> None:
     # Guards the test itself: a walk that found nothing would pass everything above.
     edges = _edges()
     assert len(edges) > 140
-    assert any(t == "service.wire.push" for t, _ in edges["service.push.server"])
+    assert any(t == "tenure.service.wire.push" for t, _ in edges["tenure.service.push.server"])
     for name in edges:
         _group(name)

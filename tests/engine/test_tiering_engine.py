@@ -248,8 +248,8 @@ def test_the_tier_reports_on_its_engines_one_push_connection(engines: Any, tmp_p
     TCP connection from the engine's process), not on a socket of the tier's own."""
     import psutil
 
-    from engine_adapter.push_client import PushClient
-    from service.wire.push import Hello, PlacementReport
+    from tenure.engine_adapter.push_client import PushClient
+    from tenure.service.wire.push import Hello, PlacementReport
     from tests.engine.router_peer import RouterPeer
 
     peer = RouterPeer()
