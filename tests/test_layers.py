@@ -7,16 +7,27 @@ own layer or above; the engine adapter imports only the core, the wire formats a
 test helpers are imported by tests only; and no chain of imports comes back to where it
 started. A class of the sidecar or the adapter does not subclass a project class of another
 module (a class spread over files through base classes), except the real is-a relations of
-:data:`ALLOWED_BASES`.
+:data:`ALLOWED_BASES`. Everything is imported through the one root ``tenure``
+(``tenure.service...``), never by the bare folder names, and the wheel installs ``tenure`` alone
+(issue 22: no generic ``service`` or ``clients`` in site-packages).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+#: The one import root (``tenure/``: symlinks to the top-level folders, see ARCHITECTURE.md).
+ROOT = "tenure"
+#: The folders it maps: ``service/`` is imported as ``tenure.service`` and so on.
 PACKAGES = ("service", "engine_adapter", "clients", "benchmarks")
 
 #: Groups of modules by layer, bottom first (a group: a module and everything under it).
@@ -29,10 +40,10 @@ LAYERS: list[tuple[str, ...]] = [
         "tenure.service.tools",
         "tenure.service.processes",
         "tenure.service.harness",
-        "service",
+        "tenure.service",
     ),
     # 1: wire and record formats shared by the sidecar, the push channel and the adapter; the SDK
-    ("tenure.service.wire", "clients"),
+    ("tenure.service.wire", "tenure.clients"),
     # 2: the Redis state, settings, metrics; the simulator; calibration; the engine adapter
     (
         "tenure.service.state",
@@ -40,7 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tenure.service.metrics",
         "tenure.service.replay",
         "tenure.service.calibrate",
-        "engine_adapter",
+        "tenure.engine_adapter",
     ),
     # 3: the push channel's server
     ("tenure.service.push",),
@@ -60,7 +71,7 @@ LAYERS: list[tuple[str, ...]] = [
     # 13: the local-stack launcher
     ("tenure.service.stack",),
     # 14: the live A/B harness on the stack, and the benchmarks: imported by the CLI only
-    ("tenure.service.live", "benchmarks"),
+    ("tenure.service.live", "tenure.benchmarks"),
     # 15: the command line (``tenure`` and each package's ``cli`` / ``*_cli`` module)
     ("<cli>",),
 ]
@@ -69,13 +80,13 @@ ADAPTER_MAY_IMPORT = (
     "tenure.service.policy",
     "tenure.service.wire",
     "tenure.service.errors",
-    "engine_adapter",
+    "tenure.engine_adapter",
 )
 #: What the SDK may import (it ships to harnesses on its own).
-SDK_MAY_IMPORT = ("clients",)
+SDK_MAY_IMPORT = ("tenure.clients",)
 TEST_HELPERS = ("tenure.engine_adapter.testing",)
 #: Where classes may not extend a project class of another module.
-NO_CROSS_MODULE_BASES = ("service", "engine_adapter")
+NO_CROSS_MODULE_BASES = ("tenure.service", "tenure.engine_adapter")
 #: Project classes that classes of other modules may extend: real is-a relations, not one
 #: class cut into files (collaborators are composed and passed in; ARCHITECTURE.md).
 ALLOWED_BASES: dict[str, str] = {
@@ -105,7 +116,7 @@ ALLOWED_BASES: dict[str, str] = {
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts = [ROOT, *path.relative_to(REPO).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -145,7 +156,7 @@ def _edges() -> dict[str, set[tuple[str, int]]]:
     for name, path in known.items():
         out = edges.setdefault(name, set())
         for target, line in _imports(name, path, known):
-            if target.split(".")[0] in PACKAGES and target != name:
+            if target.split(".")[0] == ROOT and target != name:
                 # ``import a.b.c`` depends on the deepest module of it the tree has.
                 while target not in known and "." in target:
                     target = target.rpartition(".")[0]
@@ -198,9 +209,9 @@ def test_the_adapter_and_the_sdk_import_only_what_they_may() -> None:
     wrong = []
     for source, targets in sorted(_edges().items()):
         allowed: tuple[str, ...] | None = None
-        if _under(source, ("engine_adapter",)) and not _under(source, TEST_HELPERS):
+        if _under(source, ("tenure.engine_adapter",)) and not _under(source, TEST_HELPERS):
             allowed = ADAPTER_MAY_IMPORT
-        elif _under(source, ("clients",)):
+        elif _under(source, ("tenure.clients",)):
             allowed = SDK_MAY_IMPORT
         if allowed is None:
             continue
@@ -285,7 +296,7 @@ def _class_bases(known: dict[str, Path]) -> Iterator[tuple[str, str]]:
                     source, cls = imported[base.id], base.id
                 else:
                     continue  # defined in this module, a builtin, or not the project's
-                if source.split(".")[0] not in PACKAGES:
+                if source.split(".")[0] != ROOT:
                     continue
                 homes = defined.get(cls, set())
                 home = source if source in homes else min(homes, default=source)
@@ -311,7 +322,7 @@ def test_the_base_class_check_sees_a_split_class(tmp_path: Path) -> None:
     (tmp_path / "service").mkdir()
     (tmp_path / "service" / "part.py").write_text("class Part:\n    pass\n")
     (tmp_path / "service" / "whole.py").write_text(
-        "from service.part import Part\n"
+        "from tenure.service.part import Part\n"
         "from tenure.service.errors import UsageError\n"
         "class Local:\n    pass\n"
         "class Whole(Part):\n    pass\n"
@@ -319,13 +330,13 @@ def test_the_base_class_check_sees_a_split_class(tmp_path: Path) -> None:
         "class Bad(UsageError):\n    pass\n"
     )
     (tmp_path / "service" / "errors.py").write_text("class UsageError(Exception):\n    pass\n")
-    known = {f"service.{p.stem}": p for p in (tmp_path / "service").glob("*.py")}
+    known = {f"tenure.service.{p.stem}": p for p in (tmp_path / "service").glob("*.py")}
     found = sorted(_class_bases(known))
     assert found == [
-        ("service.whole.Bad", "tenure.service.errors.UsageError"),
-        ("service.whole.Whole", "service.part.Part"),
+        ("tenure.service.whole.Bad", "tenure.service.errors.UsageError"),
+        ("tenure.service.whole.Whole", "tenure.service.part.Part"),
     ]
-    assert [c for c, b in found if b not in ALLOWED_BASES] == ["service.whole.Whole"]
+    assert [c for c, b in found if b not in ALLOWED_BASES] == ["tenure.service.whole.Whole"]
     # The real tree: the allow-list names only classes that exist and are extended.
     extended = {b for _, b in _class_bases(_modules())}
     assert set(ALLOWED_BASES) <= extended
@@ -338,3 +349,87 @@ def test_the_walk_sees_the_whole_house() -> None:
     assert any(t == "tenure.service.wire.push" for t, _ in edges["tenure.service.push.server"])
     for name in edges:
         _group(name)
+
+
+#: Where Python code of the repository lives, besides the packages themselves.
+ELSEWHERE = ("tests", "docs", "scripts")
+#: A module-path string that starts at a bare folder name (optionally with ``:attribute``).
+BARE_PATH = re.compile(rf"^(?:{'|'.join(PACKAGES)})\.[A-Za-z_][\w.]*(?::\w+)?$")
+
+
+def _python_files() -> Iterator[Path]:
+    for folder in (*PACKAGES, *ELSEWHERE):
+        yield from (REPO / folder).rglob("*.py")
+
+
+def test_nothing_imports_the_bare_folder_names() -> None:
+    # ``service`` is importable in a checkout (the repository root is on the path), but it is a
+    # second copy of every module: the bare copy's ``UsageError`` is not
+    # ``tenure.service.errors.UsageError``. And the wheel has no ``service`` at all.
+    wrong = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(REPO)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                # Module paths in strings: entry points, ``-m`` targets, monkeypatch targets.
+                if BARE_PATH.match(node.value):
+                    wrong.append(f"{where}:{node.lineno} names {node.value!r}")
+                continue
+            else:
+                continue
+            wrong += [
+                f"{where}:{node.lineno} imports {name}"
+                for name in names
+                if name.split(".")[0] in PACKAGES
+            ]
+    assert not wrong, "import through tenure.*:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_import_root_maps_the_folders_by_relative_links() -> None:
+    # Relative, so a copy of the tree (a Docker build context, a worktree) keeps them working.
+    for package in PACKAGES:
+        link = REPO / ROOT / package
+        assert link.is_symlink(), f"{link} must be a symlink to ../{package}"
+        assert os.readlink(link) == f"../{package}", os.readlink(link)
+        assert link.resolve() == (REPO / package).resolve()
+
+
+def test_the_wheel_installs_only_the_tenure_name(tmp_path: Path) -> None:
+    # Built from a copy of what the Dockerfiles copy (symlinks kept as symlinks), so the build
+    # leaves nothing in the checkout.
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in (ROOT, *PACKAGES):
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=ignore)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "--disable-pip-version-check", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("tenure-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        entry_points = archive.read(info).decode()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {ROOT}, f"the wheel installs {sorted(top)} at the top of site-packages"
+    assert not top & {"service", "clients", "benchmarks", "engine_adapter"}
+    for package in PACKAGES:
+        assert f"{ROOT}/{package}/__init__.py" in names, package
+    # Sub-packages and the typing markers travel too.
+    assert f"{ROOT}/service/api/proxy/pipeline.py" in names
+    assert {f"{ROOT}/py.typed", f"{ROOT}/service/py.typed", f"{ROOT}/clients/py.typed"} <= set(
+        names
+    )
+    # The console script and the vLLM plugin point into the root.
+    assert "tenure = tenure.service.cli:main" in entry_points
+    assert "tenure = tenure.engine_adapter.plugin:register" in entry_points
