@@ -136,7 +136,7 @@ def on_suspend(
     constant price exactly ``now + t2``). A binding declared retention stays a fixed timer.
 
     ``timer_scale`` (with ``branch``): the retention rule's rent-budget scale
-    (:mod:`service.policy.retention_rule`): the ttl branch's timer is ``scale x t2`` and its
+    (:mod:`tenure.service.policy.retention_rule`): the ttl branch's timer is ``scale x t2`` and its
     rent limit ``R(now) + scale x (beta3 - beta2)``; 1 is the seed's ``t2``.
     """
     lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda

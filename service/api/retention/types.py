@@ -53,7 +53,7 @@ class TenantRetention:
     rent_at: float | None = None
     rent_rate: float = 0.0
     #: The retention rule's rent-budget scale (multiple of ``t2``) on the ttl branch; its
-    #: last choice (:meth:`~service.policy.retention_rule.TimerChoice.to_dict` with the
+    #: last choice (:meth:`~tenure.service.policy.retention_rule.TimerChoice.to_dict` with the
     #: sample it was chosen on), ``None`` before the first scored decision.
     scale: float | None = 1.0
     choice: dict[str, Any] | None = None
