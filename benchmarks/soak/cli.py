@@ -262,8 +262,7 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
             f"soak: {args.minutes:g} min, {args.sessions_per_s:g} sessions/s, engine={args.engine}"
         )
         asyncio.run(main())
-        read_at = time.monotonic() - t0
-        records = _read_back(urls[0], list(ledger.acks))
+        records, read_at = _read_back(urls[0], list(ledger.acks), t0)
         kills = [f["at_s"] for f in faults if f["kind"] == "redis_master_killed"]
         checks = ledger.check(
             records, kills, WINDOW_S, read_at=read_at, finished_ttl_s=_finished_ttl_s()
@@ -292,15 +291,21 @@ def _model_cache() -> Path:
     return Path(root) / "models"
 
 
-def _read_back(url: str, sessions: list[str]) -> dict[str, dict[str, Any] | None]:
+def _read_back(
+    url: str, sessions: list[str], t0: float
+) -> tuple[dict[str, dict[str, Any] | None], dict[str, float]]:
+    """Each session's record (``None``: not found) and when it was asked for (seconds since
+    ``t0``): an hour's sessions take tens of seconds to read, and ends expire meanwhile."""
     import httpx
 
     out: dict[str, dict[str, Any] | None] = {}
+    read_at: dict[str, float] = {}
     with httpx.Client(base_url=url, timeout=10) as http:
         for session in sessions:
+            read_at[session] = time.monotonic() - t0
             reply = http.get(f"/v1/sessions/{session}")
             out[session] = reply.json() if reply.status_code == 200 else None
-    return out
+    return out, read_at
 
 
 def _kill_redis_master(multi: Any, _adapters: Any, t0: float) -> dict[str, Any]:
