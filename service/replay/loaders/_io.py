@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import TraceError
+from tenure.service.replay.model import BlockIdRun
 
-__all__ = ["json_lines", "require"]
+__all__ = ["block_runs", "json_lines", "nonneg_number", "require"]
 
 
 def _open_text(path: Path) -> Any:
@@ -58,3 +59,39 @@ def require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     if not isinstance(value, kind):
         raise TraceError(f"{where}: field {key!r} has the wrong type")
     return value
+
+
+def nonneg_number(
+    obj: dict[str, Any],
+    key: str,
+    where: str,
+    default: float | None = None,
+    *,
+    null_is_absent: bool = False,
+) -> float:
+    """``obj[key]`` as a non-negative float; ``default`` when the field is absent (or null,
+    where the format writes null for unknown)."""
+    if default is not None and (obj.get(key) is None if null_is_absent else key not in obj):
+        return default
+    value = require(obj, key, (int, float), where)
+    if value != value or value < 0:
+        raise TraceError(f"{where}: field {key!r} must be a non-negative number")
+    return float(value)
+
+
+def block_runs(value: Any, field: str, where: str) -> list[BlockIdRun]:
+    """A ``[[first_id, count], ...]`` field as block-id runs (empty runs dropped)."""
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: {field!r} must be a list of [first_id, count]")
+    runs: list[BlockIdRun] = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            or item[1] < 0
+        ):
+            raise TraceError(f"{where}: bad {field} entry {item!r}")
+        if item[1]:
+            runs.append((item[0], item[1]))
+    return runs

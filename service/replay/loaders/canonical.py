@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import TraceError
-from tenure.service.replay.loaders._io import json_lines, require
+from tenure.service.replay.loaders._io import block_runs, json_lines, nonneg_number, require
 from tenure.service.replay.model import (
-    BlockIdRun,
     SegmentBuilder,
     SegmentTable,
     Session,
@@ -21,32 +20,6 @@ __all__ = ["FORMAT_NAME", "load_canonical", "write_canonical"]
 
 FORMAT_NAME = "tenure-sessions"
 _SCOPES = ("root", "global")
-
-
-def _blocks(value: Any, where: str) -> list[BlockIdRun]:
-    if not isinstance(value, list):
-        raise TraceError(f"{where}: 'blocks' must be a list of [first_id, count]")
-    out: list[BlockIdRun] = []
-    for item in value:
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
-            or item[1] < 0
-        ):
-            raise TraceError(f"{where}: bad blocks entry {item!r}")
-        if item[1]:
-            out.append((item[0], item[1]))
-    return out
-
-
-def _nonneg(obj: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
-    if default is not None and key not in obj:
-        return default
-    value = require(obj, key, (int, float), where)
-    if value != value or value < 0:
-        raise TraceError(f"{where}: field {key!r} must be a non-negative number")
-    return float(value)
 
 
 def load_canonical(path: Path) -> Trace:
@@ -100,7 +73,10 @@ def load_canonical(path: Path) -> Trace:
             if raw_join is not None:
                 if not isinstance(raw_join, dict):
                     raise TraceError(f"{where}: 'join' must be an object or null")
-                join = (int(_nonneg(raw_join, "turn", where)), _nonneg(raw_join, "gap_s", where))
+                join = (
+                    int(nonneg_number(raw_join, "turn", where)),
+                    nonneg_number(raw_join, "gap_s", where),
+                )
         root = index if parent is None else root_of[parent]
         if scope == "global":
             builder = global_builder
@@ -114,13 +90,13 @@ def load_canonical(path: Path) -> Trace:
             w = f"{where} turn {k}"
             if not isinstance(raw, dict):
                 raise TraceError(f"{w}: expected an object")
-            n_in = int(_nonneg(raw, "input_tokens", w))
-            n_out = int(_nonneg(raw, "output_tokens", w))
-            gap = _nonneg(raw, "gap_s", w, default=0.0)
+            n_in = int(nonneg_number(raw, "input_tokens", w))
+            n_out = int(nonneg_number(raw, "output_tokens", w))
+            gap = nonneg_number(raw, "gap_s", w, default=0.0)
             stop = raw.get("stop", "unknown")
             if not isinstance(stop, str):
                 raise TraceError(f"{w}: 'stop' must be a string")
-            context, seen = builder.resolve(_blocks(raw.get("blocks", []), w), index)
+            context, seen = builder.resolve(block_runs(raw.get("blocks", []), "blocks", w), index)
             if sum(r.stop - r.start for r in context) * block_tokens > n_in:
                 raise TraceError(f"{w}: more blocks than input tokens")
             hints = raw.get("hints") or {}

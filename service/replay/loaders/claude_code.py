@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import TraceError
-from tenure.service.replay.loaders._io import json_lines, require
+from tenure.service.replay.loaders._io import block_runs, json_lines, nonneg_number, require
 from tenure.service.replay.model import (
-    BlockIdRun,
     SegmentBuilder,
     SegmentTable,
     Session,
@@ -34,33 +33,6 @@ from tenure.service.replay.model import (
 __all__ = ["load_claude_code"]
 
 _CALL_TYPES = frozenset({"n", "s"})
-
-
-def _hash_runs(req: dict[str, Any], where: str) -> list[BlockIdRun]:
-    raw = req.get("hash_runs", [])
-    if not isinstance(raw, list):
-        raise TraceError(f"{where}: 'hash_runs' must be a list of [first_id, count]")
-    runs: list[BlockIdRun] = []
-    for item in raw:
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
-            or item[1] < 0
-        ):
-            raise TraceError(f"{where}: bad hash_runs entry {item!r}")
-        if item[1]:
-            runs.append((item[0], item[1]))
-    return runs
-
-
-def _number(req: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
-    if default is not None and req.get(key) is None:
-        return default  # absent or null: unknown (e.g. an async sub-agent's duration)
-    value = require(req, key, (int, float), where)
-    if value != value or value < 0:
-        raise TraceError(f"{where}: field {key!r} must be a non-negative number")
-    return float(value)
 
 
 class _Loader:
@@ -93,13 +65,13 @@ class _Loader:
             if not isinstance(req, dict):
                 raise TraceError(f"{w}: expected an object")
             kind = require(req, "type", str, w)
-            t = _number(req, "t", w)
+            t = nonneg_number(req, "t", w)
             if kind == "subagent":
                 inner = require(req, "requests", list, w)
                 if not _has_calls(inner):
                     continue  # a sub-agent that never called the model leaves no trace here
                 agent = str(req.get("agent_id", f"agent{len(pending)}"))
-                duration = _number(req, "duration_ms", w, default=-1.0)
+                duration = nonneg_number(req, "duration_ms", w, default=-1.0, null_is_absent=True)
                 # The entry's ``t`` is when the sub-agent's tool call returned: for a finished
                 # one its end, so it was spawned ``duration_ms`` earlier (that lands 0.1-1.0 s
                 # after the preceding parent call ended for 35 of the trace's 37 finished
@@ -112,14 +84,16 @@ class _Loader:
                 continue
             if kind not in _CALL_TYPES:
                 raise TraceError(f"{w}: unknown request type {kind!r}")
-            tokens_in = int(_number(req, "in", w))
-            tokens_out = int(_number(req, "out", w))
+            tokens_in = int(nonneg_number(req, "in", w))
+            tokens_out = int(nonneg_number(req, "out", w))
             stop = req.get("stop") or "unknown"
             if not isinstance(stop, str):
                 raise TraceError(f"{w}: field 'stop' must be a string")
-            think = _number(req, "think_time", w, default=0.0)
-            api = _number(req, "api_time", w, default=0.0)
-            context, seen = builder.resolve(_hash_runs(req, w), index)
+            think = nonneg_number(req, "think_time", w, default=0.0, null_is_absent=True)
+            api = nonneg_number(req, "api_time", w, default=0.0, null_is_absent=True)
+            context, seen = builder.resolve(
+                block_runs(req.get("hash_runs", []), "hash_runs", w), index
+            )
             if sum(r.stop - r.start for r in context) * self.trace.block_tokens > tokens_in:
                 raise TraceError(f"{w}: more blocks than input tokens")
             gap = 0.0 if not turns else think
