@@ -17,6 +17,7 @@ off-profile warning says when the engine ran far from it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tenure.service.replay.hardware import HardwareProfile, get_profile
@@ -24,37 +25,30 @@ from tenure.service.tools.tiny_model import DEMO_SHAPE
 
 __all__ = ["CALIBRATED_BLOCK_COSTS", "DEMO_PROFILE", "engine_profile"]
 
-DEMO_PROFILE = HardwareProfile(
+# Everything not restated here is the tiny calibration's (cpu-tiny-fp32): the same engine
+# build, batch limits and measured speeds; only what the demo model's shape changes differs.
+_TINY = get_profile("cpu-tiny-fp32")
+DEMO_PROFILE = replace(
+    _TINY,
     name="cpu-demo-fp32",
     description="vLLM CPU (2 vCPU, AVX2), demo Llama float32 (tenure up's engine)",
-    gpus=1,
     hbm_bytes_per_gpu=200 * 32 * DEMO_SHAPE.kv_bytes_per_token(4),
     # The tiny calibration's decode slope is the attention kernel's cost per context token
     # (4 x 64 query dims x 2 layers = 512 per token: 20 us per context token); the demo model
     # attends with 8 x 64 x 4 = 2,048 query dims per token, 4x the work, over half the KV
     # bytes per token: 2,048 B / 80 us.
-    hbm_bandwidth_per_gpu=2.03e8 * (DEMO_SHAPE.kv_bytes_per_token(4) / 4096) / 4,
-    bf16_dense_flops_per_gpu=5.90e10,  # the tiny calibration's fit (small matmuls: conservative)
-    pcie_bandwidth_per_gpu=1.16e9,  # host-tier copies: the same offloading worker and memory
+    hbm_bandwidth_per_gpu=_TINY.hbm_bandwidth_per_gpu * DEMO_SHAPE.kv_bytes_per_token(4) / 4096 / 4,
+    # FLOP/s and host-tier copies: the tiny calibration's (small matmuls: conservative; the
+    # same offloading worker and memory). As for the tiny profile, weight_bytes stays 0: the
+    # short-decode step overhead already includes reading the weights.
     params=float(DEMO_SHAPE.matmul_params),
-    # As for the tiny profile: the short-decode step overhead already includes reading the
-    # weights, so the memory term counts only the KV the batch reads.
-    weight_bytes=0.0,
     layers=DEMO_SHAPE.layers,
     attention_width=DEMO_SHAPE.hidden,
     kv_bytes_per_token=DEMO_SHAPE.kv_bytes_per_token(4),
-    gpu_memory_utilization=1.0,
-    runtime_reserve_bytes=0.0,
-    max_num_batched_tokens=2048,
-    max_num_seqs=8,
-    mfu=1.0,
-    hbm_efficiency=1.0,
-    pcie_efficiency=1.0,
-    tp_efficiency=1.0,
     # The tiny calibration's 6.6 ms step (its 7 MB of weights cache-resident) plus reading the
     # demo model's 51 MB of float32 weights once per step, at an assumed 10 GB/s of DRAM
     # bandwidth for this VM's share of the host (an assumption, not measured).
-    step_overhead_s=0.0066 + DEMO_SHAPE.matmul_params * 4 / 10e9,
+    step_overhead_s=_TINY.step_overhead_s + DEMO_SHAPE.matmul_params * 4 / 10e9,
 )
 
 #: Recompute vs load of one 32-token block, measured by ``tenure calibrate-profile``'s TTFT
