@@ -133,11 +133,22 @@ _EFFICIENCY: dict[str, Any] = {
 # on >= 70 GB non-A100 GPUs, 2048 / 256 on A100). The runtime reserve (activations at the
 # batch-token budget, CUDA graphs, NCCL buffers) is an assumption of a few GiB.
 
+
+def _vllm_server(gpus: int, *, a100: bool = False) -> dict[str, Any]:
+    """vLLM's engine defaults above for ``gpus`` GPUs (4 GiB of runtime reserve on each)."""
+    return {
+        "gpus": gpus,
+        "gpu_memory_utilization": 0.92,
+        "runtime_reserve_bytes": gpus * 4 * GIB,
+        "max_num_batched_tokens": 2048 if a100 else 8192,
+        "max_num_seqs": 256 if a100 else 1024,
+    }
+
+
 PROFILES: dict[str, HardwareProfile] = {
     "h100-llama3-8b": HardwareProfile(
         name="h100-llama3-8b",
         description="1x H100 SXM 80 GB, Llama-3.1-8B fp16",
-        gpus=1,
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 3.35 TB/s,
         # BF16 1,979 TFLOPS with sparsity = 989 TFLOPS dense; PCIe Gen5 x16 = 64 GB/s/direction.
         hbm_bytes_per_gpu=80 * GB,
@@ -145,17 +156,13 @@ PROFILES: dict[str, HardwareProfile] = {
         bf16_dense_flops_per_gpu=989e12,
         pcie_bandwidth_per_gpu=64 * GB,
         **_LLAMA8B,
-        gpu_memory_utilization=0.92,
-        runtime_reserve_bytes=4 * GIB,
-        max_num_batched_tokens=8192,
-        max_num_seqs=1024,
+        **_vllm_server(1),
         tp_efficiency=1.0,
         **_EFFICIENCY,
     ),
     "a100-llama3-8b": HardwareProfile(
         name="a100-llama3-8b",
         description="1x A100 SXM 80 GB, Llama-3.1-8B fp16",
-        gpus=1,
         # NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM): HBM2e 2,039 GB/s, BF16 312 TFLOPS
         # dense; PCIe Gen4 x16 = 32 GB/s/direction (64 GB/s bidirectional).
         hbm_bytes_per_gpu=80 * GB,
@@ -163,17 +170,13 @@ PROFILES: dict[str, HardwareProfile] = {
         bf16_dense_flops_per_gpu=312e12,
         pcie_bandwidth_per_gpu=32 * GB,
         **_LLAMA8B,
-        gpu_memory_utilization=0.92,
-        runtime_reserve_bytes=4 * GIB,
-        max_num_batched_tokens=2048,
-        max_num_seqs=256,
+        **_vllm_server(1, a100=True),
         tp_efficiency=1.0,
         **_EFFICIENCY,
     ),
     "h200-llama3-8b": HardwareProfile(
         name="h200-llama3-8b",
         description="1x H200 SXM 141 GB, Llama-3.1-8B fp16",
-        gpus=1,
         # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 1,979
         # TFLOPS with sparsity = 989 TFLOPS dense (the H100's compute); PCIe Gen5 x16 =
         # 64 GB/s/direction. The spec-side twin of the measured h200-llama3-8b-measured.
@@ -182,17 +185,13 @@ PROFILES: dict[str, HardwareProfile] = {
         bf16_dense_flops_per_gpu=989e12,
         pcie_bandwidth_per_gpu=64 * GB,
         **_LLAMA8B,
-        gpu_memory_utilization=0.92,
-        runtime_reserve_bytes=4 * GIB,
-        max_num_batched_tokens=8192,
-        max_num_seqs=1024,
+        **_vllm_server(1),
         tp_efficiency=1.0,
         **_EFFICIENCY,
     ),
     "h100nvl4-llama3-70b": HardwareProfile(
         name="h100nvl4-llama3-70b",
         description="4x H100 NVL 94 GB, tensor parallel 4, Llama-3.1-70B fp16",
-        gpus=4,
         # NVIDIA H100 NVL datasheet: 94 GB HBM3, 3.9 TB/s, BF16 1,671 TFLOPS with sparsity =
         # 835 TFLOPS dense; PCIe Gen5 x16 = 64 GB/s/direction per GPU.
         hbm_bytes_per_gpu=94 * GB,
@@ -200,10 +199,7 @@ PROFILES: dict[str, HardwareProfile] = {
         bf16_dense_flops_per_gpu=835e12,
         pcie_bandwidth_per_gpu=64 * GB,
         **_LLAMA70B,
-        gpu_memory_utilization=0.92,
-        runtime_reserve_bytes=4 * 4 * GIB,
-        max_num_batched_tokens=8192,
-        max_num_seqs=1024,
+        **_vllm_server(4),
         # Assumption: TP4 keeps ~80% of linear scaling (two all-reduces per layer; H100 NVL
         # pairs are NVLink-bridged, the pairs talk over PCIe).
         tp_efficiency=0.8,
