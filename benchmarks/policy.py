@@ -126,7 +126,7 @@ class _Driver:
             if self.tenure:
                 # Tenure's manager decides the offer before vLLM's prepare_store runs (then
                 # on_store_miss finds it decided): its production path, a hook not counted.
-                policy.begin_store(offer, ctx)
+                policy.gate.begin_store(offer, ctx)
             policy.on_store_miss(offer, ctx)
             ops += 1
             if self.request_scoped:
@@ -156,7 +156,7 @@ class _Driver:
                     policy.mark_evictable(key)
                 ops += 2 * len(offer)
             if self.tenure:
-                policy.end_store()
+                policy.gate.end_store()
         present = [k for k in keys if get(k) is not None]
         policy.on_request_finished((present,), set(), set(present), ctx)
         ops += 1 + len(keys)

@@ -143,16 +143,16 @@ class TenureOffloadingManager(CPUOffloadingManager):
                 reported = reported_store_misses(self, req_context)
                 fresh = [k for k in to_store if k not in reported]
                 if fresh:
-                    tenure.report_misses(fresh, req_context)
+                    tenure.gate.report_misses(fresh, req_context)
                 return super().prepare_store(keys, req_context)
             reported = reported_store_misses(self, req_context)
-            admitted = tenure.begin_store(offer, req_context, reported=reported)
+            admitted = tenure.gate.begin_store(offer, req_context, reported=reported)
             if not admitted and need <= 0:
                 # vLLM would store without asking for victims: refuse here.
                 return None
             return super().prepare_store(keys, req_context)
         finally:
-            tenure.end_store()
+            tenure.gate.end_store()
             self._reclaim()
 
     def _past_threshold(

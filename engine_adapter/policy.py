@@ -14,8 +14,9 @@ vLLM-side facts the core does not model (chunk handles, transfer pins):
   yet); staged keys are admitted by the core and about to be inserted by vLLM.
 
 A store is decided once, for the whole offer, before vLLM asks for victims:
-:meth:`begin_store` (called by :class:`~tenure.engine_adapter.manager.TenureOffloadingManager`, or
-by ``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
+:meth:`StoreGate.begin_store <tenure.engine_adapter.store_gate.StoreGate.begin_store>` (called on
+:attr:`gate` by :class:`~tenure.engine_adapter.manager.TenureOffloadingManager`, or by
+``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
 chosen victims, or ``None`` to refuse the store. Everything runs on EngineCore's scheduler
 thread; the push-channel thread only appends to :attr:`inbox`.
 
@@ -31,11 +32,11 @@ The policy is composed of parts with one job each, each owning its fields, built
 * :class:`~tenure.engine_adapter.stock_path.StockPath`: vLLM's stock-manager calls.
 
 What stays here is the ``CachePolicy`` surface that composes them. The per-offer loops
-(``begin_store``, ``on_request_finished``, ``evict``) bind the map's tables to locals instead of
-calling the key map's methods: they run for every block of every offer on the scheduler thread,
-where a Python call per block is most of their cost (``tenure bench policy``); vLLM's per-block
-calls (``get``, ``insert``) are bound to the part's own method on the instance, so they cost no
-extra frame for the composition.
+(the gate's ``begin_store``, ``on_request_finished``, ``evict``) bind the map's tables to locals
+instead of calling the key map's methods: they run for every block of every offer on the
+scheduler thread, where a Python call per block is most of their cost (``tenure bench policy``);
+vLLM's per-block calls (``get``, ``insert``) are bound to the part's own method on the
+instance, so they cost no extra frame for the composition.
 
 No clock is read inside a decision: ``clock`` (monotonic, the core's time) and ``wall_clock``
 (Unix seconds, to convert pushed decisions' absolute times) are passed in.
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
@@ -145,17 +146,16 @@ class TenureCachePolicy(CachePolicy):
         )
         self.stock_path = StockPath(self.gate, self.cache_capacity)
         self.chunks = self.holdings.chunks
-        # vLLM calls get(), insert() and mark_evictable() once per block, the manager the store
-        # protocol once per offer and poll() once per step: each is bound here to the part's
-        # own method (or the container's), so the composition costs them no extra Python frame.
+        # vLLM calls get(), insert() and mark_evictable() once per block and poll() once per
+        # step (the manager calls the store protocol on ``gate`` itself): each is bound here to
+        # the part's own method (or the container's), so the composition costs them no extra
+        # Python frame.
         # The methods below say the same for readers and for vLLM's ABC.
         self.get = self.chunks.get  # type: ignore[method-assign, assignment]
         self.insert = self.stock_path.insert  # type: ignore[method-assign]
         self.mark_evictable = self.holdings.pinned.discard  # type: ignore[method-assign, assignment]
         self.mark_non_evictable = self.holdings.pinned.add  # type: ignore[method-assign, assignment]
         self.on_store_miss = self.stock_path.on_store_miss  # type: ignore[method-assign]
-        self.begin_store = self.gate.begin_store  # type: ignore[method-assign]
-        self.end_store = self.gate.end_store  # type: ignore[method-assign]
         self.poll = self.pushed.poll  # type: ignore[method-assign]
         self.take_released = self.holdings.take_released  # type: ignore[method-assign]
 
@@ -332,25 +332,6 @@ class TenureCachePolicy(CachePolicy):
         self.holdings.pinned.add(key)
 
     # Tenure's manager and the push channel ----------------------------------------------
-
-    def begin_store(
-        self,
-        offer: Sequence[OffloadKey],
-        ctx: ReqContext | None,
-        now: float | None = None,
-        *,
-        reported: Collection[OffloadKey] | None = None,
-    ) -> bool:
-        """Decide an offer before vLLM evicts for it (:meth:`StoreGate.begin_store`)."""
-        return self.gate.begin_store(offer, ctx, now, reported=reported)
-
-    def end_store(self, now: float | None = None) -> None:
-        """vLLM finished ``prepare_store``: drop whatever the offer staged and did not use."""
-        self.gate.end_store(now)
-
-    def report_misses(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> None:
-        """Misses of a store vLLM could not make (:meth:`StoreGate.report_misses`)."""
-        self.gate.report_misses(keys, ctx)
 
     def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
         """A request reached the scheduler: its session is active from now."""
