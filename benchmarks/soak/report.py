@@ -21,20 +21,6 @@ FLAT_FRACTION = 0.02
 FLAT_FLOOR_MIB = 0.5
 
 
-def _slope_per_hour(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of ``(t_s, value)``, per hour; None with fewer than 3 points."""
-    if len(points) < 3:
-        return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var == 0:
-        return None
-    cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
-    return round(cov / var * 3600, 3)
-
-
 def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     """Least-squares ``(slope per second, intercept)`` of ``(t_s, value)``."""
     if len(points) < 3:
@@ -47,6 +33,12 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
         return None
     slope = sum((t - mean_t) * (v - mean_v) for t, v in points) / var
     return slope, mean_v - slope * mean_t
+
+
+def _slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of ``(t_s, value)``, per hour; None with fewer than 3 points."""
+    fit = _fit(points)
+    return None if fit is None else round(fit[0] * 3600, 3)
 
 
 def _curves(samples: list[dict[str, Any]], faults: list[dict[str, Any]]) -> dict[str, Any]:
