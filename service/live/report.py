@@ -59,6 +59,32 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
 
 
+def _token_figures(
+    *,
+    computed: float,
+    gpu: float,
+    host: float,
+    could: float,
+    resumed: Sequence[float],
+    jct: Sequence[float],
+) -> dict[str, Any]:
+    """The figures both arms report alike: prompt tokens by where they came from, the host
+    tier's hit rate over what it could serve, and the resumed-turn TTFT and JCT percentiles."""
+    return {
+        "host_hit_rate": host / could if could > 0 else 0.0,
+        "prompt_tokens": computed + gpu + host,
+        "prompt_tokens_computed": computed,
+        "prompt_tokens_cached": gpu + host,
+        "prompt_tokens_cached_gpu": gpu,
+        "prompt_tokens_cached_host": host,
+        "host_hit_denominator_tokens": could,
+        "resumed_ttft_p50_s": _pct(resumed, 50),
+        "resumed_ttft_p95_s": _pct(resumed, 95),
+        "jct_p50_s": _pct(jct, 50),
+        "jct_p95_s": _pct(jct, 95),
+    }
+
+
 def live_arm(result: ArmResult, engine_trace: Trace) -> dict[str, Any]:
     bt = engine_trace.block_tokens
     seen = sum(t.seen_blocks * bt for s in engine_trace.sessions for t in s.turns)
@@ -86,17 +112,9 @@ def live_arm(result: ArmResult, engine_trace: Trace) -> dict[str, Any]:
         1 for r in ok if (r.prompt_tokens, r.completion_tokens) != expected.get((r.session, r.turn))
     )
     return {
-        "host_hit_rate": host / could if could > 0 else 0.0,
-        "prompt_tokens": computed + gpu + host,
-        "prompt_tokens_computed": computed,
-        "prompt_tokens_cached": gpu + host,
-        "prompt_tokens_cached_gpu": gpu,
-        "prompt_tokens_cached_host": host,
-        "host_hit_denominator_tokens": could,
-        "resumed_ttft_p50_s": _pct(resumed, 50),
-        "resumed_ttft_p95_s": _pct(resumed, 95),
-        "jct_p50_s": _pct(jct, 50),
-        "jct_p95_s": _pct(jct, 95),
+        **_token_figures(
+            computed=computed, gpu=gpu, host=host, could=could, resumed=resumed, jct=jct
+        ),
         "refused_stores": int(sum_metric(s, "tenure_adapter_refusals_total")) if adapter else None,
         "refused_blocks": (
             int(sum_metric(s, "tenure_adapter_refused_blocks_total")) if adapter else None
@@ -159,17 +177,14 @@ def simulated_arm(run: RunResult, engine_trace: Trace) -> dict[str, Any]:
         if key.startswith("evicted_blocks_") and v
     }
     return {
-        "host_hit_rate": host / could if could else 0.0,
-        "prompt_tokens": computed + gpu + host,
-        "prompt_tokens_computed": computed,
-        "prompt_tokens_cached": gpu + host,
-        "prompt_tokens_cached_gpu": gpu,
-        "prompt_tokens_cached_host": host,
-        "host_hit_denominator_tokens": could,
-        "resumed_ttft_p50_s": _pct(resumed, 50),
-        "resumed_ttft_p95_s": _pct(resumed, 95),
-        "jct_p50_s": _pct(list(run.jct_s), 50),
-        "jct_p95_s": _pct(list(run.jct_s), 95),
+        **_token_figures(
+            computed=computed,
+            gpu=gpu,
+            host=host,
+            could=could,
+            resumed=resumed,
+            jct=list(run.jct_s),
+        ),
         "refused_stores": int(c.get("refusals", 0)),
         "refused_blocks": int(c.get("refused_blocks", 0)),
         "stored_blocks": int(c.get("stored_blocks", 0)),
