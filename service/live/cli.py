@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import UsageError
+from tenure.service.replay.arguments import output_dirs
 
 __all__ = ["ENGINE_DEFAULTS", "configure_ab", "run_ab"]
 
@@ -187,9 +188,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             raise UsageError(str(exc)) from None
     if arms[0] == arms[1]:
         raise UsageError(f"--policy and --baseline are both {arms[0]!r}")
-    for out in (args.json, args.plot, args.record):
-        if out is not None and not out.parent.is_dir():
-            raise UsageError(f"{out}: the directory {out.parent} does not exist")
+    output_dirs(args.json, args.plot, args.record)
     plan = _plan(args)
     trace_path = args.trace or DEFAULT_TRACE
     if not trace_path.is_file():

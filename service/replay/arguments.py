@@ -1,12 +1,14 @@
-"""Parsing the replay commands' numeric arguments, with one-line usage errors."""
+"""Checking the replay commands' arguments (numbers, output paths, the trace), with one-line
+usage errors."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from tenure.service.errors import UsageError
+from tenure.service.errors import TraceError, UsageError
 
-__all__ = ["int_list", "number"]
+__all__ = ["claude_code_trace", "int_list", "number", "output_dirs"]
 
 
 def number(text: str, name: str, *, positive: bool) -> float:
@@ -30,3 +32,24 @@ def int_list(text: str, name: str) -> tuple[int, ...]:
     if not values or any(v < 0 for v in values):
         raise UsageError(f"{name} must list non-negative integers, got {text!r}")
     return values
+
+
+def output_dirs(*outputs: Path | None) -> None:
+    """Each output file given can be written: its directory exists (checked before any work)."""
+    for out in outputs:
+        if out is not None and not out.parent.is_dir():
+            raise UsageError(f"{out}: the directory {out.parent} does not exist")
+
+
+def claude_code_trace(path: Path, needs: str) -> None:
+    """``path`` is a trace file in the Claude Code format; ``needs`` ends the error otherwise
+    (what the command reads from that format)."""
+    from tenure.service.replay.loaders import detect_format
+
+    if not path.is_file():
+        raise UsageError(f"{path}: no such trace file")
+    try:
+        if detect_format(path) != "claude-code":
+            raise UsageError(f"{path}: {needs}")
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None

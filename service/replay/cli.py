@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import UsageError
-from tenure.service.replay.arguments import int_list, number
+from tenure.service.replay.arguments import int_list, number, output_dirs
 
 __all__ = ["configure"]
 
@@ -134,9 +134,7 @@ class _Options:
         self.json: Path | None = args.json
         self.plot: Path | None = args.plot
         self.no_bound: bool = args.no_bound
-        for out in (self.json, self.plot):
-            if out is not None and not out.parent.is_dir():
-                raise UsageError(f"{out}: the directory {out.parent} does not exist")
+        output_dirs(self.json, self.plot)
 
     def load(self) -> Any:
         from tenure.service.replay.loaders import load_trace

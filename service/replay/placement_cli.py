@@ -60,10 +60,10 @@ def _placement(args: argparse.Namespace) -> int:
 
     from tenure.service.errors import TraceError
     from tenure.service.policy.ranker import RankerArtefactError, RidgeRanker
-    from tenure.service.replay.arguments import int_list, number
+    from tenure.service.replay.arguments import claude_code_trace, int_list, number, output_dirs
     from tenure.service.replay.experiment import default_jobs
     from tenure.service.replay.hardware import GIB, get_profile, get_ssd
-    from tenure.service.replay.loaders import detect_format, load_trace
+    from tenure.service.replay.loaders import load_trace
     from tenure.service.replay.loaders.claude_code_meta import load_claude_code_meta
     from tenure.service.replay.placement_exp import (
         CONTENDERS,
@@ -112,17 +112,11 @@ def _placement(args: argparse.Namespace) -> int:
         contenders = tuple(
             replace(c, ranker="artefact") if c.ranker.startswith("ridge") else c for c in contenders
         )
-    for out in (args.json, args.plot):
-        if out is not None and not out.parent.is_dir():
-            raise UsageError(f"{out}: the directory {out.parent} does not exist")
-    if not args.trace.is_file():
-        raise UsageError(f"{args.trace}: no such trace file")
+    output_dirs(args.json, args.plot)
+    claude_code_trace(
+        args.trace, "placement needs the Claude Code format (sub-agent records, output types)"
+    )
     try:
-        if detect_format(args.trace) != "claude-code":
-            raise UsageError(
-                f"{args.trace}: placement needs the Claude Code format (sub-agent records, "
-                "output types)"
-            )
         trace = load_trace(args.trace, "claude-code")
         meta = load_claude_code_meta(args.trace)
     except TraceError as exc:

@@ -77,21 +77,15 @@ def _train(args: argparse.Namespace) -> int:
     from tenure.service.errors import TraceError
     from tenure.service.policy.ranker import FEATURE_SETS
     from tenure.service.policy.ranker_fit import cross_validate, fit_ridge, grouped_folds
-    from tenure.service.replay.arguments import int_list
-    from tenure.service.replay.loaders import detect_format
+    from tenure.service.replay.arguments import claude_code_trace, int_list, output_dirs
     from tenure.service.replay.loaders.claude_code_meta import load_claude_code_meta
 
     folds = int_list(args.folds, "--folds")[0]
     if folds < 2:
         raise UsageError("--folds must be at least 2")
-    for out in (args.out, args.json):
-        if out is not None and not out.parent.is_dir():
-            raise UsageError(f"{out}: the directory {out.parent} does not exist")
-    if not args.trace.is_file():
-        raise UsageError(f"{args.trace}: no such trace file")
+    output_dirs(args.out, args.json)
+    claude_code_trace(args.trace, "train-ranker reads the Claude Code trace format")
     try:
-        if detect_format(args.trace) != "claude-code":
-            raise UsageError(f"{args.trace}: train-ranker reads the Claude Code trace format")
         meta = load_claude_code_meta(args.trace)
     except TraceError as exc:
         raise UsageError(str(exc)) from None

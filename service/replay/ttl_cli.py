@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import UsageError
+from tenure.service.replay.arguments import output_dirs
 
 __all__ = ["configure"]
 
@@ -196,9 +197,7 @@ def run(args: argparse.Namespace) -> int:
         online = OnlineSettings(**knobs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    for out in (args.json, args.plot):
-        if out is not None and not out.parent.is_dir():
-            raise UsageError(f"{out}: the directory {out.parent} does not exist")
+    output_dirs(args.json, args.plot)
     families = _families(args, model.w_ref_s)
 
     started = time.monotonic()
