@@ -34,6 +34,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,18 @@ def _empty_cache(plan: GpuProfilePlan, model: Any) -> Any:
     return DynamicCache(config=model.config)
 
 
+def _forward(model: Any, ids: Any, pos: Any, cache: Any) -> None:
+    """The timed call: one forward pass of ``ids`` at positions ``pos`` over ``cache``."""
+    model(
+        input_ids=ids,
+        position_ids=pos,
+        cache_position=pos[0],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+
+
 def _measure_prefill(
     torch: Any, model: Any, plan: GpuProfilePlan, timer: _Timer, say: Callable[[str], None]
 ) -> list[dict[str, float]]:
@@ -216,15 +229,7 @@ def _measure_prefill(
             ids = torch.randint(vocab, (1, tokens), generator=gen).to(plan.device)
             pos = torch.arange(context, context + tokens, device=plan.device)[None]
 
-            def step(ids: Any = ids, pos: Any = pos, cache: Any = cache) -> None:
-                model(
-                    input_ids=ids,
-                    position_ids=pos,
-                    cache_position=pos[0],
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+            step = partial(_forward, model, ids, pos, cache)
 
             def rewind(cache: Any = cache, context: int = context) -> None:
                 _rewind(cache, context)  # each repeat extends the same cached context
@@ -267,15 +272,7 @@ def _measure_decode(
             ids = torch.randint(vocab, (batch, 1)).to(plan.device)
             pos = torch.full((batch, 1), context, device=plan.device)
 
-            def step(ids: Any = ids, pos: Any = pos, cache: Any = cache) -> None:
-                model(
-                    input_ids=ids,
-                    position_ids=pos,
-                    cache_position=pos[0],
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+            step = partial(_forward, model, ids, pos, cache)
 
             def rewind(cache: Any = cache, context: int = context) -> None:
                 _rewind(cache, context)
