@@ -28,7 +28,6 @@ engine adapter create them through :func:`create_placement`.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from tenure.service.policy.segments import SegmentClass
+from tenure.service.policy.targets import resolve_class
 
 __all__ = [
     "PlacementPolicy",
@@ -148,10 +148,7 @@ def placement_class(name: str) -> type[PlacementPolicy]:
     target = _REGISTRY.get(name)
     if target is None:
         raise UnknownPlacementError(name)
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(cls, type) and issubclass(cls, PlacementPolicy)):
-        raise TypeError(f"{target} is not a PlacementPolicy")
+    cls: type[PlacementPolicy] = resolve_class(target, PlacementPolicy)
     return cls
 
 

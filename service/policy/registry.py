@@ -6,10 +6,10 @@ Out-of-tree policies register with :func:`register_policy`; an unknown name rais
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 
 from tenure.service.policy.base import PolicyParams, TierPolicy
+from tenure.service.policy.targets import resolve_class
 
 __all__ = [
     "UnknownPolicyError",
@@ -64,10 +64,7 @@ def policy_class(name: str) -> type[TierPolicy]:
     target = _REGISTRY.get(name)
     if target is None:
         raise UnknownPolicyError(name)
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(cls, type) and issubclass(cls, TierPolicy)):
-        raise TypeError(f"{target} is not a TierPolicy")
+    cls: type[TierPolicy] = resolve_class(target, TierPolicy)
     return cls
 
 
