@@ -28,6 +28,7 @@ __all__ = [
     "RegimeChoice",
     "RetentionModel",
     "branch_costs",
+    "check_inputs",
     "check_lambda",
     "choose_regime",
     "clean_waits",
@@ -109,6 +110,26 @@ def clean_waits(waits_s: Sequence[float]) -> list[float]:
     return waits
 
 
+def check_inputs(
+    model: RetentionModel,
+    waits_s: Sequence[float],
+    lam: float,
+    evaluator: str,
+    count: int,
+    count_name: str,
+) -> tuple[list[float], float, float | None]:
+    """The checks every scoring of ``waits_s`` at ``lam`` starts with: a known evaluator, a
+    positive integer ``count`` (draws, resamples), usable waits and rate; returns the waits,
+    the rate and the TTL ``t2(lam)``."""
+    if evaluator not in EVALUATORS:
+        raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"{count_name} must be an integer >= 1, got {count!r}")
+    waits = clean_waits(waits_s)
+    lam = check_lambda(lam)
+    return waits, lam, model.t2(lam)
+
+
 def branch_costs(
     model: RetentionModel,
     waits_s: Sequence[float],
@@ -126,13 +147,7 @@ def branch_costs(
     streams (the first with the waits in the given order, the others each with its own
     shuffle), so that the choice depends on the waits, not on one draw of arrival times.
     """
-    if evaluator not in EVALUATORS:
-        raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise ValueError(f"draws must be an integer >= 1, got {draws!r}")
-    waits = clean_waits(waits_s)
-    lam = check_lambda(lam)
-    t2 = model.t2(lam)
+    waits, lam, t2 = check_inputs(model, waits_s, lam, evaluator, draws, "draws")
     if evaluator == "steady":
         retain = steady_state_cost(waits, lam, None, model.slots, model.price)
         ttl = retain if t2 is None else steady_state_cost(waits, lam, t2, model.slots, model.price)

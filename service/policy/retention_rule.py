@@ -37,11 +37,9 @@ import numpy as np
 from tenure.service.policy.host_loss import episode_cost, erlang_b, poisson_arrivals
 from tenure.service.policy.rent import rent_budget
 from tenure.service.policy.retention_costs import (
-    EVALUATORS,
     Evaluator,
     RetentionModel,
-    check_lambda,
-    clean_waits,
+    check_inputs,
 )
 
 __all__ = [
@@ -241,13 +239,7 @@ def choose_timer(
     ``mean_prior_s`` (steady evaluator): the wait law's prior mean (``W_ref``); a resample
     with a smaller mean gets the missing tail far out (:func:`_complete_tail`).
     """
-    if evaluator not in EVALUATORS:
-        raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples must be an integer >= 1, got {resamples!r}")
-    waits = clean_waits(waits_s)
-    lam = check_lambda(lam)
-    t2 = model.t2(lam)
+    waits, lam, t2 = check_inputs(model, waits_s, lam, evaluator, resamples, "resamples")
     if t2 is None or lam == 0:
         return TimerChoice(
             None, lam, None, None, model.price.beta2, model.price.beta2, model.price.beta2,
