@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 __all__ = ["Received", "ScriptedEngine", "is_tool_result_turn", "shell_tool"]
@@ -75,13 +76,7 @@ class ScriptedEngine:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
+        raw = await Request(scope, receive).body()
         try:
             body: Any = json.loads(raw) if raw else None
         except ValueError:

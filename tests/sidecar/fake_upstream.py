@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 __all__ = ["FakeUpstream", "ServerThread", "free_port"]
@@ -65,13 +66,7 @@ class FakeUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
+        raw = await Request(scope, receive).body()
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
@@ -113,8 +108,8 @@ class FakeUpstream:
             await _json(send, 400, {"error": {"message": "bad model", "type": "BadRequestError"}})
             return
         if model == "missing":
-            message = {"message": "The model `missing` does not exist.", "type": "NotFoundError"}
-            await _json(send, 404, {"error": message, "code": 404})
+            error = {"message": "The model `missing` does not exist.", "type": "NotFoundError"}
+            await _json(send, 404, {"error": error, "code": 404})
             return
         if model == "slow":
             await asyncio.sleep(self.slow_s)

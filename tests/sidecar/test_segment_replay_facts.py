@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import SecretStr
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 import tenure.service.app
@@ -52,12 +53,7 @@ class TraceUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await Request(scope, receive).body()
         body = json.loads(raw) if raw else {}
         call = body.get("x_trace") or {"in": 1, "out": 1, "thinking": False, "end": None}
         if call["end"] is not None:
