@@ -8,8 +8,6 @@ the proxy forwards (as vLLM would receive it) and answers like an OpenAI server.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +15,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from tenure.clients import AsyncTenureSession, TenureLifecycleError, TenureSession
-from tenure.service.processes import free_port
+from tests.sidecar.fake_upstream import ServerThread
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"
@@ -105,22 +102,11 @@ def sidecar(redis_url: str) -> Iterator[Sidecar]:
         tenants={KEY_A: {"name": "a"}, KEY_B: {"name": "b"}},
     )
     app = create_app(settings, upstream_transport=httpx.MockTransport(upstream.handle))
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="sidecar", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("sidecar did not start")
-        time.sleep(0.02)
+    server = ServerThread(app, lifespan="on").start()
     try:
-        yield Sidecar(f"http://127.0.0.1:{port}/v1", upstream)
+        yield Sidecar(f"{server.url}/v1", upstream)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        server.stop()
 
 
 def _client(sidecar: Sidecar, api_key: str = KEY_A) -> openai.OpenAI:

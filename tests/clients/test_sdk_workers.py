@@ -4,18 +4,15 @@ network boundary (``Upstream`` of ``test_sdk_against_sidecar``)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from tenure.clients import AsyncTenureSession, TenureLifecycleError, TenureSession, TenureUsageError
-from tenure.service.processes import free_port
 from tests.clients.test_sdk_against_sidecar import KEY_A, MESSAGES, Sidecar, Upstream
+from tests.sidecar.fake_upstream import ServerThread
 
 
 @pytest.fixture
@@ -33,22 +30,11 @@ def sidecar(redis_url: str) -> Iterator[Sidecar]:
         segments=True,
     )
     app = create_app(settings, upstream_transport=httpx.MockTransport(upstream.handle))
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="sidecar", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("sidecar did not start")
-        time.sleep(0.02)
+    server = ServerThread(app, lifespan="on").start()
     try:
-        yield Sidecar(f"http://127.0.0.1:{port}/v1", upstream)
+        yield Sidecar(f"{server.url}/v1", upstream)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        server.stop()
 
 
 def test_spawn_with_ranker_facts_and_return(sidecar: Sidecar) -> None:

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from starlette.requests import Request
@@ -381,10 +381,12 @@ async def _json(send: Send, status: int, obj: Any) -> None:
 class ServerThread:
     """Run an ASGI app under uvicorn on a free loopback port in a background thread."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(
+        self, app: Any, port: int | None = None, *, lifespan: Literal["auto", "on"] = "auto"
+    ) -> None:
         self.port = port or free_port()
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="auto",
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan,
             timeout_graceful_shutdown=2,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
