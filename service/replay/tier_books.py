@@ -10,7 +10,7 @@ import numpy as np
 from tenure.service.policy import HostTier, Run, TierPolicy, Victim
 from tenure.service.policy.types import StoreResult
 
-__all__ = ["ObservedTier", "TierOwner", "UseCounts", "WriteLedger", "pieces"]
+__all__ = ["ObservedTier", "TierOwner", "UseCounts", "WriteLedger", "block_view", "pieces"]
 
 
 class TierOwner(Protocol):
@@ -70,13 +70,7 @@ class UseCounts:
 
     def bump(self, run: Run) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], int]:
         """Add one use to ``run``'s blocks; returns the counts before, and the run start."""
-        arr = self._arrays.get(run.seg)
-        if arr is None or arr.size < run.stop:
-            grown = np.zeros(max(run.stop, 2 * (0 if arr is None else arr.size)), np.uint8)
-            if arr is not None:
-                grown[: arr.size] = arr
-            arr = self._arrays[run.seg] = grown
-        view = arr[run.start : run.stop]
+        view = block_view(self._arrays, run)
         before = view.copy()
         np.minimum(view.astype(np.uint16) + 1, 255, out=view, casting="unsafe")
         return before, run.start
@@ -90,6 +84,19 @@ class UseCounts:
         if hi <= run.start:
             return []
         return pieces(run.seg, run.start, arr[run.start : hi] >= n)
+
+
+def block_view(
+    arrays: dict[int, np.ndarray[Any, np.dtype[np.uint8]]], run: Run
+) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``run``'s blocks in its segment's per-block array (grown, doubling, to cover it)."""
+    arr = arrays.get(run.seg)
+    if arr is None or arr.size < run.stop:
+        grown = np.zeros(max(run.stop, 2 * (0 if arr is None else arr.size)), np.uint8)
+        if arr is not None:
+            grown[: arr.size] = arr
+        arr = arrays[run.seg] = grown
+    return arr[run.start : run.stop]
 
 
 def pieces(seg: int, start: int, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> list[Run]:
@@ -116,13 +123,7 @@ class WriteLedger:
         self._arrays: dict[int, np.ndarray[Any, np.dtype[np.uint8]]] = {}
 
     def _view(self, run: Run) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        arr = self._arrays.get(run.seg)
-        if arr is None or arr.size < run.stop:
-            grown = np.zeros(max(run.stop, 2 * (0 if arr is None else arr.size)), np.uint8)
-            if arr is not None:
-                grown[: arr.size] = arr
-            arr = self._arrays[run.seg] = grown
-        return arr[run.start : run.stop]
+        return block_view(self._arrays, run)
 
     def written(self, run: Run) -> int:
         """Mark ``run`` written; returns how many of its blocks had been written before."""
