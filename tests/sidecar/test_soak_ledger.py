@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.soak.ledger import Ledger, TurnRecord
-from benchmarks.soak.report import _slope_per_hour, flatness, rerender, summarize
+from tenure.benchmarks.soak.ledger import Ledger, TurnRecord
+from tenure.benchmarks.soak.report import _slope_per_hour, flatness, rerender, summarize
 
 
 def test_lost_writes_are_split_by_the_failover_window():
