@@ -7,6 +7,7 @@ the proxy forwards (as vLLM would receive it) and answers like an OpenAI server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -88,25 +89,32 @@ class Sidecar:
         return record
 
 
-@pytest.fixture
-def sidecar(redis_url: str) -> Iterator[Sidecar]:
+@contextlib.contextmanager
+def running_sidecar(redis_url: str, **settings: Any) -> Iterator[Sidecar]:
+    """The real sidecar app in a thread, its upstream the scripted :class:`Upstream`."""
     from tenure.service.app import create_app
     from tenure.service.settings import load_settings
 
     upstream = Upstream()
-    settings = load_settings(
+    loaded = load_settings(
         redis_url=redis_url,
         upstream_url="http://engine.test",
         admin_token="admin-token-for-tests",
         push_addr="",
-        tenants={KEY_A: {"name": "a"}, KEY_B: {"name": "b"}},
+        **settings,
     )
-    app = create_app(settings, upstream_transport=httpx.MockTransport(upstream.handle))
+    app = create_app(loaded, upstream_transport=httpx.MockTransport(upstream.handle))
     server = ServerThread(app, lifespan="on").start()
     try:
         yield Sidecar(f"{server.url}/v1", upstream)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def sidecar(redis_url: str) -> Iterator[Sidecar]:
+    with running_sidecar(redis_url, tenants={KEY_A: {"name": "a"}, KEY_B: {"name": "b"}}) as s:
+        yield s
 
 
 def _client(sidecar: Sidecar, api_key: str = KEY_A) -> openai.OpenAI:

@@ -6,35 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
 
 from tenure.clients import AsyncTenureSession, TenureLifecycleError, TenureSession, TenureUsageError
-from tests.clients.test_sdk_against_sidecar import KEY_A, MESSAGES, Sidecar, Upstream
-from tests.sidecar.fake_upstream import ServerThread
+from tests.clients.test_sdk_against_sidecar import KEY_A, MESSAGES, Sidecar, running_sidecar
 
 
 @pytest.fixture
 def sidecar(redis_url: str) -> Iterator[Sidecar]:
-    from tenure.service.app import create_app
-    from tenure.service.settings import load_settings
-
-    upstream = Upstream()
-    settings = load_settings(
-        redis_url=redis_url,
-        upstream_url="http://engine.test",
-        admin_token="admin-token-for-tests",
-        push_addr="",
-        tenants={KEY_A: {"name": "a"}},
-        segments=True,
-    )
-    app = create_app(settings, upstream_transport=httpx.MockTransport(upstream.handle))
-    server = ServerThread(app, lifespan="on").start()
-    try:
-        yield Sidecar(f"{server.url}/v1", upstream)
-    finally:
-        server.stop()
+    with running_sidecar(redis_url, tenants={KEY_A: {"name": "a"}}, segments=True) as s:
+        yield s
 
 
 def test_spawn_with_ranker_facts_and_return(sidecar: Sidecar) -> None:
