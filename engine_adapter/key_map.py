@@ -8,32 +8,56 @@ maps to a few long runs and the core's cost grows with sessions, not blocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from engine_adapter.policy_state import Loc, PolicyState, RequestInfo
 from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import EvictionClass, Run, Victim
+from service.policy import EvictionClass, HostTier, Run, Victim
 
-__all__ = ["KeyMap", "merge_locs", "victim_keys"]
+__all__ = ["KeyMap", "Loc", "merge_locs", "victim_keys"]
+
+#: ``(segment, block index)``: where a key sits in the core's tier.
+Loc = tuple[int, int]
 
 
-class KeyMap(PolicyState):
-    """Placing keys at locations, and reading runs of keys back."""
+class KeyMap:
+    """Placing keys at locations of the tier's segments, and reading runs of keys back.
 
-    def _segment(self, session: str, name: Any) -> int:
+    The per-offer loops of the store gate and the policy read :attr:`loc` and :attr:`key_at`
+    directly (bound to locals): they run for every block of every offer, where a method call
+    per block is most of their cost (``tenure bench policy``).
+    """
+
+    __slots__ = ("block_tokens", "fork_serial", "forks", "frontier", "key_at", "loc", "tier")
+
+    def __init__(self, tier: HostTier, block_tokens: int = 0) -> None:
+        self.tier = tier
+        #: Key -> its owner location.
+        self.loc: dict[OffloadKey, Loc] = {}
+        #: Segment -> block index -> the key placed there (``None``: a free slot).
+        self.key_at: list[list[OffloadKey | None]] = []
+        #: Segment -> one past its newest placed index (a session's frontier).
+        self.frontier: list[int] = []
+        #: Base segment -> its fork segments (context edits, same-position KV groups).
+        self.forks: dict[int, list[int]] = {}
+        self.fork_serial = 0
+        #: Tokens per offloaded block; 0 = learn it from key positions (stock manager).
+        self.block_tokens = block_tokens
+
+    def segment(self, session: str, name: Any) -> int:
         seg = self.tier.segment((session, name), session)
-        while len(self._key_at) <= seg:
-            self._key_at.append([])
-            self._frontier.append(0)
+        while len(self.key_at) <= seg:
+            self.key_at.append([])
+            self.frontier.append(0)
         return seg
 
-    def _index(self, key: OffloadKey, ctx: ReqContext | None, info: RequestInfo) -> int:
+    def index(self, key: OffloadKey, ctx: ReqContext | None, fallback: int) -> int:
+        """``key``'s block index from its token position (``fallback`` when it has none)."""
         pos = ctx.get_offload_key_position(key) if ctx is not None else None
         if pos is None or pos <= 0:
-            return info.next_index
+            return fallback
         if self.block_tokens <= 0 or pos % self.block_tokens:
             # Learn the block size (vLLM's stock manager does not say it): the gcd of every
             # position the request has, not just this key's, so a request whose tail is
@@ -44,28 +68,28 @@ class KeyMap(PolicyState):
             self.block_tokens = math.gcd(unit, pos)
         return pos // self.block_tokens - 1
 
-    def _occupant(self, seg: int, index: int) -> OffloadKey | None:
-        slots = self._key_at[seg]
+    def occupant(self, seg: int, index: int) -> OffloadKey | None:
+        slots = self.key_at[seg]
         return slots[index] if index < len(slots) else None
 
-    def _place(self, key: OffloadKey, loc: Loc) -> None:
+    def place(self, key: OffloadKey, loc: Loc) -> None:
         seg, index = loc
-        slots = self._key_at[seg]
+        slots = self.key_at[seg]
         if len(slots) <= index:
             slots.extend([None] * (index + 1 - len(slots)))
         slots[index] = key
-        self._loc[key] = loc
-        if index + 1 > self._frontier[seg]:
-            self._frontier[seg] = index + 1
+        self.loc[key] = loc
+        if index + 1 > self.frontier[seg]:
+            self.frontier[seg] = index + 1
 
-    def _unplace(self, key: OffloadKey) -> Loc | None:
-        loc = self._loc.pop(key, None)
+    def unplace(self, key: OffloadKey) -> Loc | None:
+        loc = self.loc.pop(key, None)
         if loc is not None:
-            self._key_at[loc[0]][loc[1]] = None
+            self.key_at[loc[0]][loc[1]] = None
         return loc
 
-    def _keys_of(self, run: Run) -> list[OffloadKey]:
-        slots = self._key_at[run.seg]
+    def keys_of(self, run: Run) -> list[OffloadKey]:
+        slots = self.key_at[run.seg]
         out: list[OffloadKey] = []
         for index in range(run.start, min(run.stop, len(slots))):
             key = slots[index]
@@ -73,18 +97,35 @@ class KeyMap(PolicyState):
                 out.append(key)
         return out
 
-    def _pinned_runs(self) -> list[Run]:
-        locs = [self._loc[k] for k in self._pinned if k in self._loc]
-        return merge_locs(sorted(locs))
+    def runs_of(self, keys: Iterable[OffloadKey]) -> list[Run]:
+        """The runs the placed ones of ``keys`` occupy."""
+        loc = self.loc
+        return merge_locs(sorted(loc[k] for k in keys if k in loc))
 
-    def _doom(self, key: OffloadKey, cls: EvictionClass) -> None:
-        """The tier no longer holds ``key`` but vLLM still does: evict it first."""
-        self._unplace(key)
-        self._doomed[key] = cls
-
-    def _run_of(self, key: OffloadKey) -> Run:
-        seg, index = self._loc[key]
+    def run_of(self, key: OffloadKey) -> Run:
+        seg, index = self.loc[key]
         return Run(seg, index, index + 1)
+
+    def fork(
+        self,
+        session: str,
+        name: Any,
+        current: int,
+        index: int,
+        planned: Sequence[tuple[OffloadKey, int, int]],
+    ) -> int:
+        """A segment of ``session``'s context ``name`` whose slot ``index`` is free and not
+        claimed by ``planned`` (a new fork segment if none is)."""
+        base = self.segment(session, name)
+        forks = self.forks.setdefault(base, [])
+        claimed = {s for _, s, i in planned if i == index}
+        for seg in (base, *forks):
+            if seg != current and seg not in claimed and self.occupant(seg, index) is None:
+                return seg
+        self.fork_serial += 1
+        seg = self.segment(session, (name, "fork", self.fork_serial))
+        forks.append(seg)
+        return seg
 
 
 def victim_keys(

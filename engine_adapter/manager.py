@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
@@ -54,18 +54,36 @@ class TenureOffloadingManager(CPUOffloadingManager):
         *args: Any,
         block_tokens: int = 0,
         bytes_per_block: int = 0,
+        policy_params: Any = None,
+        push: Callable[[TenureCachePolicy], Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``policy_params``: the Tenure core's parameters (``tenure_policy_params``); ``push``
+        connects the Tenure policy to the sidecar (returns the engine's push connection). Both
+        apply only when the policy is a Tenure one."""
         super().__init__(*args, **kwargs)
+        # vLLM's base class builds the policy by name with its capacity only: what else it
+        # needs is given here, before the manager's first call.
         policy = manager_policy(self)
         self.tenure: TenureCachePolicy | None = (
             policy if isinstance(policy, TenureCachePolicy) else None
         )
-        if self.tenure is not None:
-            self.tenure.can_release = True
-            self.tenure.block_tokens = block_tokens
         self.bytes_per_block = bytes_per_block
+        #: The engine's push connection, when the policy is a Tenure one and one is configured.
         self.push_client: Any = None
+        tenure = self.tenure
+        if tenure is None:
+            return
+        tenure.can_release = True
+        tenure.block_tokens = block_tokens
+        if policy_params is not None:
+            if not isinstance(policy_params, dict):
+                raise ValueError("kv_connector_extra_config.tenure_policy_params must be a dict")
+            tenure.configure(policy_params)
+        if push is not None:
+            self.push_client = push(tenure)
+        else:
+            log.info("tenure: no push channel configured; lifecycle tags from requests only")
 
     # --- chunk pool -------------------------------------------------------------------------
 

@@ -19,13 +19,23 @@ A store is decided once, for the whole offer, before vLLM asks for victims:
 chosen victims, or ``None`` to refuse the store. Everything runs on EngineCore's scheduler
 thread; the push-channel thread only appends to :attr:`inbox`.
 
-The class is assembled from parts with one job each (see :mod:`engine_adapter.policy_state`):
-the key map, pushed decisions and timers, requests and session inference, the store gate, and
-the stock-manager path; what stays here is the ``CachePolicy`` surface that is none of those.
-The per-offer loops (``begin_store``, ``on_request_finished``, ``evict``) keep the map's
-lookups inlined as locals instead of calling the key map's methods: they run for every block of
-every offer on the scheduler thread, where a Python call per block is most of their cost
-(``tenure bench policy``).
+The policy is composed of parts with one job each, each owning its fields, built in
+:meth:`TenureCachePolicy._build` and passed to each other (no part knows the ones above it):
+
+* :class:`~engine_adapter.key_map.KeyMap`: the key <-> (segment, index) map;
+* :class:`~engine_adapter.sessions.Sessions`: the per-session tables the parts share;
+* :class:`~engine_adapter.holdings.Holdings`: vLLM's chunks (pinned, doomed, staged, shared);
+* :class:`~engine_adapter.pushed.Pushed`: the sidecar's decisions and the core's timers;
+* :class:`~engine_adapter.requests.Requests`: request starts and session inference;
+* :class:`~engine_adapter.store_gate.StoreGate`: one decision per offer;
+* :class:`~engine_adapter.stock_path.StockPath`: vLLM's stock-manager calls.
+
+What stays here is the ``CachePolicy`` surface that composes them. The per-offer loops
+(``begin_store``, ``on_request_finished``, ``evict``) bind the map's tables to locals instead of
+calling the key map's methods: they run for every block of every offer on the scheduler thread,
+where a Python call per block is most of their cost (``tenure bench policy``); vLLM's per-block
+calls (``get``, ``insert``) are bound to the part's own method on the instance, so they cost no
+extra frame for the composition.
 
 No clock is read inside a decision: ``clock`` (monotonic, the core's time) and ``wall_clock``
 (Unix seconds, to convert pushed decisions' absolute times) are passed in.
@@ -33,32 +43,47 @@ No clock is read inside a decision: ``clock`` (monotonic, the core's time) and `
 
 from __future__ import annotations
 
-import math
 import time
-from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
-from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus, order_request_keys
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
-from engine_adapter.key_map import merge_locs
-from engine_adapter.policy_state import Loc
+from engine_adapter.holdings import Holdings
+from engine_adapter.key_map import KeyMap, Loc, merge_locs
+from engine_adapter.pushed import Pushed
 from engine_adapter.rent_timers import RentTimers
+from engine_adapter.requests import Requests
 from engine_adapter.resumes import ResumeTracker
+from engine_adapter.sessions import Sessions
 from engine_adapter.stock_path import StockPath
+from engine_adapter.store_gate import StoreGate
 from engine_adapter.vllm_compat import core_params
-from service.policy import EvictionClass, HostTier, Run, SessionHint, create_policy
+from service.policy import HostTier, Run, TierPolicy, create_policy
 from service.wire.push import Decision, Snapshot
 
 __all__ = ["TenureCachePolicy"]
 
 
-class TenureCachePolicy(StockPath):
+class TenureCachePolicy(CachePolicy):
     """A ``CachePolicy`` whose decisions come from a core policy (``core_name``)."""
 
     #: Core policy name; the plugin registers one subclass per core policy.
     core_name: ClassVar[str] = "tenure"
+
+    core: TierPolicy
+    tier: HostTier
+    key_map: KeyMap
+    sessions: Sessions
+    holdings: Holdings
+    pushed: Pushed
+    requests: Requests
+    gate: StoreGate
+    stock_path: StockPath
+    #: vLLM's chunks by key (:attr:`Holdings.chunks`, the same dict).
+    chunks: dict[OffloadKey, ChunkStatus]
 
     def __init__(
         self,
@@ -74,10 +99,8 @@ class TenureCachePolicy(StockPath):
         self._clock = clock
         self._wall_clock = wall_clock
         self._core_params = core_params
-        #: Set by the manager that can free chunks on its own (reclaim, TTL, pushed decisions).
-        self.can_release = False
-        #: Tokens per offloaded block; 0 = learn it from key positions (stock manager).
-        self.block_tokens = 0
+        # What outlives a clear() (vLLM's reset_cache): the push channel's inbox, the counters
+        # the sidecar reads, the resume reports, the tenants' rent clocks.
         #: Push channel -> engine thread: Decisions and Snapshots (appended by another thread).
         self.inbox: deque[Decision | Snapshot] = deque()
         self.stats: Counter[str] = Counter()
@@ -87,58 +110,97 @@ class TenureCachePolicy(StockPath):
         self.resumes = ResumeTracker()
         #: Tenants' rent clocks and the held copies they re-price (pushed decisions).
         self.rent_timers = RentTimers()
-        #: Tenant -> the host-retention branch of the sidecar's last snapshot.
-        self.retention_branches: dict[str, str] = {}
-        self._reset_state()
+        self._build(block_tokens=0, can_release=False, retention_branches={})
 
-    def _reset_state(self) -> None:
-        # Per-request state made before this point belongs to the old tier: a fresh token
-        # makes every ReqContext's cached _RequestInfo stale (one identity check per call).
-        self._epoch = object()
+    def _build(
+        self, *, block_tokens: int, can_release: bool, retention_branches: dict[str, str]
+    ) -> None:
+        """Build the core and the parts over it (at start, and again on every ``clear()``)."""
         self.core = create_policy(self.core_name, core_params(self.core_name, self._core_params))
         self.tier = HostTier(self.core, self.cache_capacity)
-        self.chunks: dict[OffloadKey, ChunkStatus] = {}
-        # vLLM calls get() once per looked-up block: bind the dict's own method (no Python frame).
+        self.key_map = KeyMap(self.tier, block_tokens)
+        self.sessions = Sessions()
+        self.holdings = Holdings(self.key_map, self.sessions, self.stats, can_release=can_release)
+        self.pushed = Pushed(
+            core=self.core,
+            holdings=self.holdings,
+            sessions=self.sessions,
+            stats=self.stats,
+            inbox=self.inbox,
+            resumes=self.resumes,
+            rent_timers=self.rent_timers,
+            clock=self._clock,
+            wall_clock=self._wall_clock,
+            retention_branches=retention_branches,
+        )
+        self.requests = Requests(
+            holdings=self.holdings,
+            sessions=self.sessions,
+            pushed=self.pushed,
+            stats=self.stats,
+            resumes=self.resumes,
+        )
+        self.gate = StoreGate(
+            holdings=self.holdings, requests=self.requests, stats=self.stats, clock=self._clock
+        )
+        self.stock_path = StockPath(self.gate, self.cache_capacity)
+        self.chunks = self.holdings.chunks
+        # vLLM calls get(), insert() and mark_evictable() once per block, the manager the store
+        # protocol once per offer and poll() once per step: each is bound here to the part's
+        # own method (or the container's), so the composition costs them no extra Python frame.
+        # The methods below say the same for readers and for vLLM's ABC.
         self.get = self.chunks.get  # type: ignore[method-assign, assignment]
-        self._loc: dict[OffloadKey, Loc] = {}
-        self._key_at: list[list[OffloadKey | None]] = []
-        self._frontier: list[int] = []
-        #: Base segment -> its fork segments (context edits, same-position KV groups).
-        self._forks: dict[int, list[int]] = {}
-        self._fork_serial = 0
-        self._pinned: set[OffloadKey] = set()
-        self._doomed: dict[OffloadKey, EvictionClass] = {}
-        self._staged: set[OffloadKey] = set()
-        self._staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
-        #: Under vLLM's stock manager: the misses of an offer not decided yet (``on_store_miss``
-        #: only sees the new misses; ``evict`` sees the whole offer, ``insert`` a store that
-        #: needs no room), with the storing request.
-        self._stash: tuple[list[OffloadKey], ReqContext] | None = None
-        #: Stock manager: recent requests' reported misses (key -> order), to find the request
-        #: and the store behind a bare evict() when vLLM did not report (a retried offer).
-        self._misses: OrderedDict[int, tuple[ReqContext, dict[OffloadKey, None]]] = OrderedDict()
-        self._refused = False
-        self._offer_blocks = 0
-        self._polls = 0
-        self._released: list[tuple[OffloadKey, ChunkStatus]] = []
-        self._sharers: dict[OffloadKey, dict[str, Loc]] = {}
-        self._ended: set[str] = set()
-        #: Sessions that sent a request to this engine: with several engines behind a router
-        #: every adapter receives every decision and applies only those of sessions it holds.
-        self._held: set[str] = set()
-        self._applied_seq: dict[str, int] = {}
-        self._last_hint: dict[str, SessionHint] = {}
-        self._last_ctx: ReqContext | None = None
-        self._next_due = math.inf
-        self.last_applied_seq = -1
-        self._request_serial = 0
+        self.insert = self.stock_path.insert  # type: ignore[method-assign]
+        self.mark_evictable = self.holdings.pinned.discard  # type: ignore[method-assign, assignment]
+        self.mark_non_evictable = self.holdings.pinned.add  # type: ignore[method-assign, assignment]
+        self.on_store_miss = self.stock_path.on_store_miss  # type: ignore[method-assign]
+        self.begin_store = self.gate.begin_store  # type: ignore[method-assign]
+        self.end_store = self.gate.end_store  # type: ignore[method-assign]
+        self.poll = self.pushed.poll  # type: ignore[method-assign]
+        self.take_released = self.holdings.take_released  # type: ignore[method-assign]
+
+    def _rebuild(self) -> None:
+        self._build(
+            block_tokens=self.key_map.block_tokens,
+            can_release=self.holdings.can_release,
+            retention_branches=self.pushed.retention_branches,
+        )
+
+    def set_clocks(self, clock: Callable[[], float], wall_clock: Callable[[], float]) -> None:
+        """Replace the clocks (tests that drive time by hand); the parts read them from now."""
+        self._clock, self._wall_clock = clock, wall_clock
+        self.pushed.clock, self.pushed.wall_clock = clock, wall_clock
+        self.gate.clock = clock
 
     def configure(self, core_params: dict[str, float]) -> None:
         """Rebuild the (still empty) core with explicit parameters; bad names raise."""
         if self.chunks:
             raise RuntimeError("configure() must run before the first store")
         self._core_params = dict(core_params)
-        self._reset_state()
+        self._rebuild()
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per offloaded block; 0 = learn it from key positions (stock manager)."""
+        return self.key_map.block_tokens
+
+    @block_tokens.setter
+    def block_tokens(self, value: int) -> None:
+        self.key_map.block_tokens = value
+
+    @property
+    def can_release(self) -> bool:
+        """Set by the manager that can free chunks on its own (reclaim, TTL, pushed decisions)."""
+        return self.holdings.can_release
+
+    @can_release.setter
+    def can_release(self, value: bool) -> None:
+        self.holdings.can_release = value
+
+    @property
+    def last_applied_seq(self) -> int:
+        """The newest pushed sequence number applied (reported to the sidecar)."""
+        return self.pushed.last_applied_seq
 
     @property
     def sessions_tracked(self) -> int:
@@ -148,18 +210,25 @@ class TenureCachePolicy(StockPath):
         """Blocks of ``session`` resident in the host tier (what tests and reports read)."""
         return self.tier.session_resident.get(session, 0)
 
+    # vLLM's CachePolicy ------------------------------------------------------------------
+
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)
 
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: Any = None) -> None:
+        # vLLM 0.32 calls insert(key, chunk); 0.33 adds the request context.
+        self.stock_path.insert(key, chunk, req_context)
+
     def remove(self, key: OffloadKey) -> None:
-        self.chunks.pop(key, None)
-        self._pinned.discard(key)
-        self._doomed.pop(key, None)
-        self._sharers.pop(key, None)
-        if key in self._loc:
-            run = self._run_of(key)
-            self._unplace(key)
-            self.tier.drop([run])
+        self.holdings.remove(key)
+
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        self.stock_path.on_store_miss(keys, req_context)
+
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        return self.gate.evict(n, protected, self.stock_path.stashed_offer)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         """A direct recency signal (vLLM's tiering manager sends it; 0.32's scheduler never does).
@@ -171,9 +240,10 @@ class TenureCachePolicy(StockPath):
         ARC's ghost-hit adaptation on a touch of an unheld key is not mirrored).
         """
         now = self._clock()
-        if self._staged or self._stash is not None:
-            self._unstage(now)
-        chunks, loc_of = self.chunks, self._loc.get
+        gate = self.gate
+        if self.holdings.staged or gate.pending is not None:
+            gate.unstage(now)
+        chunks, loc_of = self.chunks, self.key_map.loc.get
         locs: list[Loc] = []
         pending: list[Loc] = []
         for key in keys:
@@ -191,8 +261,8 @@ class TenureCachePolicy(StockPath):
         """vLLM 0.33: the request used ``keys`` (a load, or the held part of a store) before
         finishing; policies with request-scoped ranks (its LRU) order them now."""
         now = self._clock()
-        info = self._request(req_context, now, infer=False)
-        loc_of = self._loc.get
+        info = self.requests.request(req_context, now, infer=False)
+        loc_of = self.key_map.loc.get
         locs = sorted(loc for k in keys if (loc := loc_of(k)) is not None)
         self.tier.request_access(info.serial, merge_locs(locs), now)
 
@@ -204,16 +274,19 @@ class TenureCachePolicy(StockPath):
         req_context: ReqContext,
     ) -> None:
         now = self._clock()
-        if self._staged or self._stash is not None:
-            self._unstage(now)  # a stock-manager offer vLLM dropped: over by now
-        if self._misses:
-            self._misses.pop(id(req_context), None)
-        info = self._request(req_context, now)
+        gate, holdings, key_map = self.gate, self.holdings, self.key_map
+        if holdings.staged or gate.pending is not None:
+            gate.unstage(now)  # a stock-manager offer vLLM dropped: over by now
+        misses = self.stock_path.misses
+        if misses:
+            misses.pop(id(req_context), None)
+        info = self.requests.request(req_context, now)
         session = info.session
         assert session is not None
         keys = order_request_keys(key_groups, req_context)
-        loc_of = self._loc.get
+        loc_of = key_map.loc.get
         owner_of = self.tier.owner
+        all_sharers = holdings.sharers
         runs: list[Run] = []
         seg = start = stop = -1
         foreign = False
@@ -232,9 +305,9 @@ class TenureCachePolicy(StockPath):
             if foreign:
                 # A shared prefix: remember where it sits in this session's context, so the
                 # session can inherit it when the owner's blocks are reclaimed.
-                sharers = self._sharers.setdefault(key, {})
+                sharers = all_sharers.setdefault(key, {})
                 if session not in sharers:
-                    sharers[session] = (info.seg, self._index(key, req_context, info))
+                    sharers[session] = (info.seg, key_map.index(key, req_context, info.next_index))
         if seg >= 0:
             runs.append(Run(seg, start, stop))
         inserted: list[Run] = []
@@ -244,18 +317,56 @@ class TenureCachePolicy(StockPath):
             )
         victims = self.tier.access(runs, now, session=session, inserted=inserted)
         if info.tags.last_turn:
-            self._ended.add(session)
-        self._drop_victims(victims, now)
-        self._refresh_timer()
+            self.sessions.ended.add(session)
+        holdings.drop_victims(victims, now)
+        self.pushed.refresh_timer()
 
     def clear(self) -> None:
-        inbox, stats = self.inbox, self.stats
         self.generation += 1
-        self._reset_state()
-        self.inbox, self.stats = inbox, stats
+        self._rebuild()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        self._pinned.discard(key)
+        self.holdings.pinned.discard(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        self._pinned.add(key)
+        self.holdings.pinned.add(key)
+
+    # Tenure's manager and the push channel ----------------------------------------------
+
+    def begin_store(
+        self,
+        offer: Sequence[OffloadKey],
+        ctx: ReqContext | None,
+        now: float | None = None,
+        *,
+        reported: Collection[OffloadKey] | None = None,
+    ) -> bool:
+        """Decide an offer before vLLM evicts for it (:meth:`StoreGate.begin_store`)."""
+        return self.gate.begin_store(offer, ctx, now, reported=reported)
+
+    def end_store(self, now: float | None = None) -> None:
+        """vLLM finished ``prepare_store``: drop whatever the offer staged and did not use."""
+        self.gate.end_store(now)
+
+    def report_misses(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> None:
+        """Misses of a store vLLM could not make (:meth:`StoreGate.report_misses`)."""
+        self.gate.report_misses(keys, ctx)
+
+    def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
+        """A request reached the scheduler: its session is active from now."""
+        self.requests.on_new_request(ctx, self._clock() if now is None else now)
+
+    def poll(self, now: float | None = None) -> None:
+        """Apply pushed decisions and fire due timers (engine thread, once per step)."""
+        self.pushed.poll(now)
+
+    def has_work(self, now: float) -> bool:
+        return self.pushed.has_work(now)
+
+    def pending_timer(self) -> float:
+        """When the core next has due work (monotonic seconds; ``inf`` = none)."""
+        return self.pushed.pending_timer()
+
+    def take_released(self) -> list[tuple[OffloadKey, ChunkStatus]]:
+        """Chunks this policy dropped outside ``evict``; the manager returns them to its pool."""
+        return self.holdings.take_released()

@@ -12,7 +12,14 @@ and reads counters the scheduler thread writes, so the engine never waits on the
 * ``Snapshot`` replaces the decision table; one with a lower ``seq`` than ours means the
   sidecar's sequence restarted, and it is taken as the new baseline;
 * ``ResidencyReport`` every ``report_interval_s``: counter deltas since the previous report
-  (stores, refusals, evictions by class, loads, bytes) and gauges (resident bytes, sessions).
+  (stores, refusals, evictions by class, loads, bytes) and gauges (resident bytes, sessions);
+* ``PlacementReport`` from the engine's ``tenure-fs`` SSD tier, when it has one
+  (:meth:`PushClient.report_placement`, :mod:`engine_adapter.placement_push`).
+
+One engine has one connection (:func:`engine_push_client`: one socket, one thread, one id,
+kept on vLLM's offloading spec), whoever in the engine reports over it: Tenure's manager with
+its policy, the SSD tier, or both. A connection without a policy (vLLM's own manager over the
+``tenure-fs`` tier) reads the sidecar's decisions and snapshots and drops them.
 
 With no sidecar, sends are dropped (``IMMEDIATE``: nothing queues for a peer that is not
 there), decisions already received keep applying, and untagged traffic runs tags-off.
@@ -34,10 +41,12 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import zmq
 
+from engine_adapter.placement_push import PlacementReports, PlacementTotals
 from engine_adapter.policy import TenureCachePolicy
 from engine_adapter.push_socket import run_connected
 from engine_adapter.settings import CLIENT_SECRET_ENV, SERVER_KEY_ENV, adapter_env
@@ -52,7 +61,13 @@ from service.wire.push import (
     encode,
 )
 
-__all__ = ["CLIENT_SECRET_ENV", "SERVER_KEY_ENV", "PushClient", "residency_delta"]
+__all__ = [
+    "CLIENT_SECRET_ENV",
+    "SERVER_KEY_ENV",
+    "PushClient",
+    "engine_push_client",
+    "residency_delta",
+]
 
 
 log = logging.getLogger("vllm.tenure.push")
@@ -93,12 +108,13 @@ def residency_delta(now: dict[str, int], before: dict[str, int]) -> dict[str, ob
 
 
 class PushClient:
-    """One DEALER connection from an engine's policy to the sidecar."""
+    """One engine's DEALER connection to the sidecar: its policy's decisions and reports, and
+    its SSD tier's placement reports."""
 
     def __init__(
         self,
         addr: str,
-        policy: TenureCachePolicy,
+        policy: TenureCachePolicy | None,
         *,
         engine_id: str = "",
         bytes_per_block: int = 0,
@@ -115,7 +131,11 @@ class PushClient:
         env = adapter_env()
         self.server_key = server_key or env.push_server_key
         self._client_secret = client_secret_key or env.push_client_secret_key
+        #: The policy the decisions go to and the residency reports come from (``None``: none
+        #: in this engine, as under vLLM's own manager; decisions are dropped).
         self.policy = policy
+        #: The SSD tier's placement reports (:meth:`report_placement`).
+        self.placement: PlacementReports | None = None
         self.engine_id = engine_id
         self.bytes_per_block = bytes_per_block
         self.report_interval_s = report_interval_s
@@ -135,6 +155,16 @@ class PushClient:
         self._reported: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def report_placement(
+        self, source: Callable[[], PlacementTotals] | None, interval_s: float = 1.0
+    ) -> None:
+        """Send the ``tenure-fs`` tier's placement reports (from ``source``'s totals, every
+        ``interval_s``) on this connection; ``None`` stops them. Callable before or after
+        :meth:`start` (the thread reads the reporter once per tick)."""
+        self.placement = (
+            None if source is None else PlacementReports(source, interval_s, now=time.monotonic())
+        )
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -192,12 +222,13 @@ class PushClient:
                     except zmq.Again:
                         break
                     self._handle(sock, frame)
-            if self.waker is not None and self.policy.has_work(time.monotonic()):
+            policy = self.policy
+            if self.waker is not None and policy is not None and policy.has_work(time.monotonic()):
                 # Decisions are queued or a timer is due: have the engine step (it applies
                 # them on its own thread). At most once per poll tick.
                 self.waker()
                 self.counters["wakeups"] += 1
-            if time.monotonic() >= next_report:
+            if policy is not None and time.monotonic() >= next_report:
                 next_report = time.monotonic() + self.report_interval_s
                 report = self.report()
                 if report is not None or idle_reports >= _KEEPALIVE_REPORTS:
@@ -205,6 +236,12 @@ class PushClient:
                     idle_reports = 0
                 else:
                     idle_reports += 1
+            placement = self.placement
+            if placement is not None and placement.due(time.monotonic()):
+                due = placement.next(time.monotonic(), adapter_id=self.adapter_id, at=self._wall())
+                if due is not None and not self._send(sock, due):
+                    # No sidecar connected: nothing queues; the deltas go with the next report.
+                    placement.unsent()
 
     def _send(self, sock: zmq.Socket[bytes], message: Message | None) -> bool:
         if message is None:
@@ -224,10 +261,12 @@ class PushClient:
             self.counters["decode_errors"] += 1
             return
         self.last_heard = self._wall()
-        if isinstance(message, Snapshot):
+        if self.policy is None and isinstance(message, (Snapshot, Decision)):
+            self.counters["received_dropped"] += 1  # no policy here to apply them
+        elif isinstance(message, Snapshot):
             self.counters["snapshots"] += 1
             self.last_seq = message.seq
-            self.policy.inbox.append(message)
+            self._deliver(message)
         elif isinstance(message, Decision):
             self.counters["decisions"] += 1
             if message.seq <= self.last_seq:
@@ -240,9 +279,14 @@ class PushClient:
                     ResyncRequest(adapter_id=self.adapter_id, last_seq=self.last_seq, reason="gap"),
                 )
             self.last_seq = message.seq
-            self.policy.inbox.append(message)
+            self._deliver(message)
         else:
             self.counters["unexpected"] += 1
+
+    def _deliver(self, message: Decision | Snapshot) -> None:
+        policy = self.policy
+        if policy is not None:
+            policy.inbox.append(message)
 
     # --- messages ---------------------------------------------------------------------------
 
@@ -252,27 +296,62 @@ class PushClient:
             engine_id=self.engine_id,
             last_seq=self.last_seq,
             started_at=self.started_at,
-            policy=self.policy.core_name,
+            policy=self.policy.core_name if self.policy is not None else "",
         )
 
     def report(self, *, force: bool = False) -> ResidencyReport | None:
-        """The next report (counter deltas), or ``None`` when nothing changed and not forced."""
-        now = dict(self.policy.stats)
+        """The next report (counter deltas), or ``None`` when nothing changed and not forced
+        (or there is no policy to report on)."""
+        policy = self.policy
+        if policy is None:
+            return None
+        now = dict(policy.stats)
         fields = residency_delta(now, self._reported)
         changed = any(fields[name] for name in _COUNTER_FIELDS) or fields["evicted_blocks"]
-        if not changed and not force and not self.policy.resumes.outcomes:
+        if not changed and not force and not policy.resumes.outcomes:
             return None
-        fields["resumes"] = self.policy.resumes.drain()
+        fields["resumes"] = policy.resumes.drain()
         self._reported = now
         self._report_seq += 1
-        tier = self.policy.tier
+        tier = policy.tier
         return ResidencyReport(
             adapter_id=self.adapter_id,
             report_seq=self._report_seq,
             at=self._wall(),
-            policy=self.policy.core_name,
+            policy=policy.core_name,
             resident_bytes={"cpu": tier.used * self.bytes_per_block},
             sessions_tracked=len(tier.session_resident),
-            last_applied_seq=self.policy.last_applied_seq,
+            last_applied_seq=policy.last_applied_seq,
             **fields,  # type: ignore[arg-type]
         )
+
+
+#: Where an engine's connection is kept on vLLM's offloading spec (one spec per engine's
+#: scheduler; Tenure's manager and the SSD tier are both built from it).
+_SPEC_ATTR = "_tenure_push_client"
+
+
+def engine_push_client(
+    spec: Any, addr: str, policy: TenureCachePolicy | None = None, **options: Any
+) -> PushClient:
+    """The engine's one push connection to ``addr``, started: made on the first call and kept
+    on ``spec`` (vLLM's offloading spec of this engine), so every caller in the engine shares
+    it. ``policy`` (Tenure's manager's) receives the decisions; ``options`` are
+    :class:`PushClient`'s, used by the call that makes it. The SSD tier adds its reports with
+    :meth:`PushClient.report_placement`."""
+    client: PushClient | None = getattr(spec, _SPEC_ATTR, None)
+    if client is None:
+        client = PushClient(addr, policy, **options)
+        setattr(spec, _SPEC_ATTR, client)
+        client.start()
+        return client
+    if client.addr != addr:
+        raise ValueError(
+            f"this engine's push connection goes to {client.addr}; a second address "
+            f"({addr}) would open another connection"
+        )
+    if policy is not None:
+        if client.policy is not None and client.policy is not policy:
+            raise ValueError("this engine's push connection serves another policy already")
+        client.policy = policy
+    return client

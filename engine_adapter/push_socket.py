@@ -1,9 +1,10 @@
 """The adapter side's one way to open a push-channel socket to the sidecar.
 
-Both senders in the engine (the decision channel in ``push_client`` and the tier's placement
-reports in ``placement_push``) connect a ZeroMQ DEALER the same way: no linger, queue only while
-connected, reconnect quickly, and CurveZMQ when the sidecar publishes a server key (an engine
-without its own key gets an ephemeral one, which the sidecar accepts only if it allows any key).
+The engine's one push connection (``push_client``: the sidecar's decisions, the policy's
+reports and the SSD tier's placement reports) connects a ZeroMQ DEALER this way: no linger,
+queue only while connected, reconnect quickly, and CurveZMQ when the sidecar publishes a server
+key (an engine without its own key gets an ephemeral one, which the sidecar accepts only if it
+allows any key).
 """
 
 from __future__ import annotations

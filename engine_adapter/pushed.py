@@ -1,10 +1,9 @@
 """Pushed decisions and timers: what the sidecar decided and the core's due work, applied.
 
-The push-channel thread only appends to ``inbox``; :meth:`PushedDecisions.poll` applies it on
+The push-channel thread only appends to ``inbox``; :meth:`Pushed.poll` applies it on
 the engine thread once per step. Decision times are Unix seconds on the wire: converted here
 with the wall clock the policy was given (never read inside the core). Blocks the core drops
-outside a store (reclaim, TTL) are handed to a live sharer or doomed, and released to the
-manager's pool when it can free chunks itself.
+outside a store (reclaim, TTL) go to :meth:`~engine_adapter.holdings.Holdings.drop_victims`.
 
 Re-priced host timers (:mod:`engine_adapter.rent_timers`): a suspension whose decision carries
 ``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
@@ -17,17 +16,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Callable
 
-from vllm.v1.kv_offload.base import OffloadKey
-from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
-
-from engine_adapter.key_map import KeyMap
-from engine_adapter.rent_timers import Held, moved, tenant_of, valid_limit
-from service.policy import EvictionClass, Run, SessionHint, Victim
+from engine_adapter.holdings import Holdings
+from engine_adapter.rent_timers import Held, RentTimers, moved, tenant_of, valid_limit
+from engine_adapter.resumes import ResumeTracker
+from engine_adapter.sessions import Sessions
+from service.policy import SessionHint, TierPolicy
 from service.wire.push import Decision, Snapshot
 
-__all__ = ["PushedDecisions"]
+__all__ = ["Pushed"]
 
 log = logging.getLogger("vllm.tenure")
 
@@ -36,63 +35,43 @@ log = logging.getLogger("vllm.tenure")
 _PRUNE_ABOVE = 20_000
 
 
-class PushedDecisions(KeyMap):
+class Pushed:
     """Reclaim, TTL expiry and the sidecar's decisions, applied on the engine thread."""
 
-    def _drop_victims(self, victims: Sequence[Victim], now: float) -> None:
-        """Blocks the core dropped outside a store (reclaim, TTL): hand them over or doom them."""
-        for victim in victims:
-            for key in self._keys_of(victim.run):
-                owner = self.tier.owner(self._loc[key][0])
-                self._unplace(key)
-                if key not in self.chunks:
-                    # Staged by an offer vLLM never placed (stock manager): nothing to free.
-                    self._staged.discard(key)
-                    continue
-                if victim.cls in (EvictionClass.RECLAIM, EvictionClass.TTL) and self._inherit(
-                    key, owner, now
-                ):
-                    continue
-                self._sharers.pop(key, None)
-                self._doomed[key] = victim.cls
-        if victims and self.can_release:
-            self._release_doomed()
+    def __init__(
+        self,
+        *,
+        core: TierPolicy,
+        holdings: Holdings,
+        sessions: Sessions,
+        stats: Counter[str],
+        inbox: deque[Decision | Snapshot],
+        resumes: ResumeTracker,
+        rent_timers: RentTimers,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        retention_branches: dict[str, str],
+    ) -> None:
+        self.core = core
+        self.tier = holdings.tier
+        self.holdings = holdings
+        self.sessions = sessions
+        self.stats = stats
+        #: Push channel -> engine thread: Decisions and Snapshots (appended by another thread).
+        self.inbox = inbox
+        self.resumes = resumes
+        self.rent_timers = rent_timers
+        self.clock = clock
+        self.wall_clock = wall_clock
+        #: Tenant -> the host-retention branch of the sidecar's last snapshot.
+        self.retention_branches = retention_branches
+        #: Session -> the newest decision sequence number applied.
+        self.applied_seq: dict[str, int] = {}
+        self.last_applied_seq = -1
+        self._polls = 0
+        self._next_due = math.inf
 
-    def _inherit(self, key: OffloadKey, owner: str, now: float) -> bool:
-        sharers = self._sharers.get(key)
-        if not sharers:
-            return False
-        for session, loc in list(sharers.items()):
-            del sharers[session]
-            if session == owner or session in self._ended:
-                continue
-            if self._occupant(*loc) is not None:
-                continue
-            self._place(key, loc)
-            if self.tier.store([Run(loc[0], loc[1], loc[1] + 1)], session, now).admitted:
-                self.stats["inherited_blocks"] += 1
-                return True
-            self._unplace(key)
-        return False
-
-    def _release_doomed(self) -> None:
-        for key in [k for k in self._doomed if k not in self._pinned]:
-            cls = self._doomed.pop(key)
-            chunk = self.chunks.pop(key, None)
-            if chunk is None:
-                continue
-            self._sharers.pop(key, None)
-            self._released.append((key, chunk))
-            self.stats[f"evicted_blocks_{cls.value}"] += 1
-
-    def take_released(self) -> list[tuple[OffloadKey, ChunkStatus]]:
-        """Chunks this policy dropped outside ``evict``; the manager returns them to its pool."""
-        if self.can_release and self._doomed:
-            self._release_doomed()
-        out, self._released = self._released, []
-        return out
-
-    def _refresh_timer(self) -> None:
+    def refresh_timer(self) -> None:
         timer = self.core.next_timer()
         self._next_due = math.inf if timer is None else timer
 
@@ -101,20 +80,21 @@ class PushedDecisions(KeyMap):
         return self._next_due
 
     def has_work(self, now: float) -> bool:
-        return bool(self.inbox) or now >= self._next_due or bool(self._released)
+        return bool(self.inbox) or now >= self._next_due or bool(self.holdings.released)
 
     def poll(self, now: float | None = None) -> None:
         """Apply pushed decisions and fire due timers (engine thread, once per step)."""
-        now = self._clock() if now is None else now
-        while self.inbox:
-            message = self.inbox.popleft()
+        now = self.clock() if now is None else now
+        inbox = self.inbox
+        while inbox:
+            message = inbox.popleft()
             if isinstance(message, Snapshot):
                 self.stats["snapshots_applied"] += 1
                 self._note_retention(message)
                 if message.seq < self.last_applied_seq:
                     # The sidecar's sequence restarted (its state was lost): its snapshot is
                     # the new baseline, whatever numbers we applied before.
-                    self._applied_seq.clear()
+                    self.applied_seq.clear()
                 # The clocks first: a decision this snapshot brings is timed by them.
                 refused = self.rent_timers.update(message.config.retention, message.issued_at)
                 if refused:
@@ -131,9 +111,9 @@ class PushedDecisions(KeyMap):
             self._prune()
         if now >= self._next_due:
             before = self.core.counters["ttl_expiries"]
-            self._drop_victims(self.tier.expire(now), now)
+            self.holdings.drop_victims(self.tier.expire(now), now)
             self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
-            self._refresh_timer()
+            self.refresh_timer()
 
     def _note_retention(self, snapshot: Snapshot) -> None:
         """Log a tenant's host-retention branch when the sidecar's controller changes it (each
@@ -153,29 +133,33 @@ class PushedDecisions(KeyMap):
         held = self.rent_timers.held
         for session in [s for s in held if s not in resident or s not in self.resumes]:
             del held[session]
-        for table in (self._applied_seq, self._last_hint):
+        sessions = self.sessions
+        for table in (self.applied_seq, sessions.last_hint):
             if len(table) > _PRUNE_ABOVE:
                 for session in [s for s in table if s not in resident]:
                     del table[session]
-        if len(self._held) > _PRUNE_ABOVE:
-            self._held = {s for s in self._held if s in resident or s in self._last_hint}
-        if len(self._ended) > _PRUNE_ABOVE:
-            self._ended = {s for s in self._ended if s in resident}
-        if len(self._sharers) > _PRUNE_ABOVE:
-            self._sharers = {k: v for k, v in self._sharers.items() if k in self._loc}
+        if len(sessions.held) > _PRUNE_ABOVE:
+            sessions.held = {s for s in sessions.held if s in resident or s in sessions.last_hint}
+        if len(sessions.ended) > _PRUNE_ABOVE:
+            sessions.ended = {s for s in sessions.ended if s in resident}
+        holdings = self.holdings
+        if len(holdings.sharers) > _PRUNE_ABOVE:
+            loc = holdings.keys.loc
+            holdings.sharers = {k: v for k, v in holdings.sharers.items() if k in loc}
 
     def _apply(self, decision: Decision, now: float) -> None:
         session = decision.session_id
-        if decision.seq <= self._applied_seq.get(session, -1):
+        if decision.seq <= self.applied_seq.get(session, -1):
             return  # duplicate or older than what we applied (newest per session wins)
-        self._applied_seq[session] = decision.seq
-        if session not in self._held and session not in self.tier.session_resident:
+        self.applied_seq[session] = decision.seq
+        sessions = self.sessions
+        if session not in sessions.held and session not in self.tier.session_resident:
             # Another engine's session (the push channel fans out to all adapters): nothing
             # of it is here, and its next request here carries its tags itself.
             self.stats["decisions_applied"] += 1
             self.stats["decisions_foreign"] += 1
             return
-        wall = self._wall_clock()  # wire times are Unix seconds
+        wall = self.wall_clock()  # wire times are Unix seconds
         ttl: float | None = None
         if decision.host_ttl_s is not None:
             issued = decision.issued_at or wall
@@ -209,10 +193,10 @@ class PushedDecisions(KeyMap):
                 self.resumes.forget(session)
         last = hint.last_turn
         if last:
-            self._ended.add(session)
-            self._last_hint.pop(session, None)
+            sessions.ended.add(session)
+            sessions.last_hint.pop(session, None)
         else:
-            self._last_hint[session] = hint
+            sessions.last_hint[session] = hint
         self.stats["decisions_applied"] += 1
         self._hint_core(session, hint, now)
 
@@ -232,13 +216,13 @@ class PushedDecisions(KeyMap):
 
     def _hint_core(self, session: str, hint: SessionHint, now: float) -> None:
         before = self.core.counters["ttl_expiries"]
-        self._drop_victims(self.tier.hint(session, hint, now), now)
+        self.holdings.drop_victims(self.tier.hint(session, hint, now), now)
         self.stats["ttl_expiries"] += self.core.counters["ttl_expiries"] - before
-        self._refresh_timer()
+        self.refresh_timer()
 
     def _reprice(self, now: float) -> None:
         """Re-time every held copy from its tenant's clock (after a snapshot brought them)."""
-        wall = self._wall_clock()
+        wall = self.wall_clock()
         held = self.rent_timers.held
         for session, copy in list(held.items()):
             if session not in self.resumes or self.tier.session_resident.get(session, 0) <= 0:
@@ -250,7 +234,7 @@ class PushedDecisions(KeyMap):
                 continue
             copy.deadline = deadline
             hint = self._hint(copy.decision, wall, ttl)
-            self._last_hint[session] = hint
+            self.sessions.last_hint[session] = hint
             self.resumes.retime(session, None if ttl is None else wall + ttl)
             self.stats["ttl_repriced"] += 1
             self._hint_core(session, hint, now)

@@ -1,40 +1,104 @@
 """Requests and their sessions: tags read once per request, untagged ones inferred.
 
-A request's state (:class:`~engine_adapter.policy_state.RequestInfo`) is cached in its
-``ReqContext``. An untagged request continues the session whose newest (frontier) block is the
-deepest of its keys resident here; otherwise it starts an anonymous session.
+A request's state (:class:`RequestInfo`) is cached in its ``ReqContext``. An untagged request
+continues the session whose newest (frontier) block is the deepest of its keys resident here;
+otherwise it starts an anonymous session.
 """
 
 from __future__ import annotations
 
-from vllm.v1.kv_offload.base import ReqContext
+from collections import Counter
+from dataclasses import dataclass, field
 
-from engine_adapter.policy_state import Loc, RequestInfo
-from engine_adapter.pushed import PushedDecisions
-from engine_adapter.tags import parse_tags
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+
+from engine_adapter.holdings import Holdings
+from engine_adapter.key_map import Loc
+from engine_adapter.pushed import Pushed
+from engine_adapter.resumes import ResumeTracker
+from engine_adapter.sessions import Sessions
+from engine_adapter.tags import RequestTags, parse_tags
 from engine_adapter.vllm_compat import offload_key_positions
 from service.policy import SessionHint
 
-__all__ = ["Requests"]
+__all__ = ["RequestInfo", "Requests"]
 
 
-class Requests(PushedDecisions):
+@dataclass(slots=True)
+class RequestInfo:
+    """Per-request state, cached in the request's ``ReqContext``.
+
+    ``owner`` is the generation token of the :class:`Requests` that made it: a ``clear()``
+    (vLLM's ``reset_cache``) builds a new one, so state cached before it (segment ids of the
+    old tier) is never trusted after.
+    """
+
+    owner: object
+    tags: RequestTags
+    session: str | None
+    #: The request's id in the core (request-scoped ranks: vLLM 0.33's LRU).
+    serial: int = 0
+    seg: int = -1
+    next_index: int = 0
+    started: bool = False
+    inserted: list[OffloadKey] = field(default_factory=list)
+    #: The last offer the gate refused, as (new blocks, last new key): vLLM re-offers a
+    #: refused range at every engine step, and a repeat is not counted as another refusal.
+    refused_offer: tuple[int, OffloadKey] | None = None
+
+
+class Requests:
     """Session inference and request starts (hints told to the core once per change)."""
 
-    def _request(self, ctx: ReqContext | None, now: float, *, infer: bool = True) -> RequestInfo:
+    __slots__ = (
+        "epoch",
+        "holdings",
+        "keys",
+        "last_ctx",
+        "pushed",
+        "resumes",
+        "serial",
+        "sessions",
+        "stats",
+        "tier",
+    )
+
+    def __init__(
+        self,
+        *,
+        holdings: Holdings,
+        sessions: Sessions,
+        pushed: Pushed,
+        stats: Counter[str],
+        resumes: ResumeTracker,
+    ) -> None:
+        self.keys = holdings.keys
+        self.tier = holdings.tier
+        self.holdings = holdings
+        self.sessions = sessions
+        self.pushed = pushed
+        self.stats = stats
+        self.resumes = resumes
+        #: This generation's token (a plain object: cached state keeps no old tier alive).
+        self.epoch = object()
+        #: The last request numbered (its :attr:`RequestInfo.serial`).
+        self.serial = 0
+        #: The request of the newest store (set by the store gate and vLLM's stock-manager
+        #: path): the request of a call that names none.
+        self.last_ctx: ReqContext | None = None
+
+    def request(self, ctx: ReqContext | None, now: float, *, infer: bool = True) -> RequestInfo:
+        """``ctx``'s state (the newest store's request when ``ctx`` is ``None``), started."""
         if ctx is None:
-            ctx = self._last_ctx
+            ctx = self.last_ctx
         info = ctx.get_state(RequestInfo) if ctx is not None else None
-        if info is None or info.owner is not self._epoch:
+        if info is None or info.owner is not self.epoch:
             tags = parse_tags(ctx.kv_transfer_params if ctx is not None else None)
             if tags.invalid:
                 self.stats["invalid_tags"] += tags.invalid
-            self._request_serial += 1
+            self.serial += 1
             info = RequestInfo(
-                owner=self._epoch,
-                tags=tags,
-                session=tags.session_id,
-                serial=self._request_serial,
+                owner=self.epoch, tags=tags, session=tags.session_id, serial=self.serial
             )
             if ctx is not None:
                 ctx.set_state(info)
@@ -58,11 +122,12 @@ class Requests(PushedDecisions):
         positions = offload_key_positions(ctx)
         if positions:
             deepest: Loc | None = None
+            loc_of = self.keys.loc.get
             for key in positions:
-                loc = self._loc.get(key)
+                loc = loc_of(key)
                 if loc is not None and (deepest is None or loc[1] >= deepest[1]):
                     deepest = loc
-            if deepest is not None and deepest[1] + 1 == self._frontier[deepest[0]]:
+            if deepest is not None and deepest[1] + 1 == self.keys.frontier[deepest[0]]:
                 return self.tier.owner(deepest[0])
         self.stats["untagged_requests"] += 1
         return f"anon-{ctx.req_id if ctx is not None else self.stats['untagged_requests']}"
@@ -71,15 +136,16 @@ class Requests(PushedDecisions):
         session = info.session
         assert session is not None
         info.started = True
-        if session not in self._held:
-            self._held.add(session)
+        sessions = self.sessions
+        if session not in sessions.held:
+            sessions.held.add(session)
             if info.tags.turn > 1:
                 # Earlier turns ran elsewhere (a router moved the session, or this engine
                 # restarted): its KV is cold here. The sidecar counts these as moves.
                 self.stats["cold_sessions"] += 1
-        info.seg = self._segment(session, info.tags.segment)
+        info.seg = self.keys.segment(session, info.tags.segment)
         self.tier.request_start(session, now)
-        self._ended.discard(session)
+        sessions.ended.discard(session)
         tags = info.tags
         if tags.expected_gap_s is not None or tags.last_turn or tags.suspended:
             hint = SessionHint(
@@ -90,15 +156,15 @@ class Requests(PushedDecisions):
             # Most turns repeat the session's previous hint: telling the core again changes
             # nothing for an active session, so skip it. A last turn is always told (the core
             # clears the declaration once it reclaims).
-            if hint.last_turn or self._last_hint.get(session) != hint:
+            if hint.last_turn or sessions.last_hint.get(session) != hint:
                 if hint.last_turn:
-                    self._last_hint.pop(session, None)
+                    sessions.last_hint.pop(session, None)
                 else:
-                    self._last_hint[session] = hint
-                self._drop_victims(self.tier.hint(session, hint, now), now)
-        self._refresh_timer()
+                    sessions.last_hint[session] = hint
+                self.holdings.drop_victims(self.tier.hint(session, hint, now), now)
+        self.pushed.refresh_timer()
 
-    def on_new_request(self, ctx: ReqContext, now: float | None = None) -> None:
+    def on_new_request(self, ctx: ReqContext, now: float) -> None:
         """A request reached the scheduler: its session is active from now."""
-        info = self._request(ctx, self._clock() if now is None else now, infer=False)
+        info = self.request(ctx, now, infer=False)
         self.resumes.start(info.session, ctx)

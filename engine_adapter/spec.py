@@ -16,14 +16,19 @@ host-copy worker for vLLM's CPU platform.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_offload.base import OffloadingManager
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from engine_adapter.manager import TenureOffloadingManager
+from engine_adapter.policy import TenureCachePolicy
 from engine_adapter.settings import ENGINE_ID_ENV, PUSH_ADDR_ENV, adapter_env
 from engine_adapter.vllm_compat import set_spec_manager, spec_manager
+
+if TYPE_CHECKING:
+    from engine_adapter.push_client import PushClient
 
 __all__ = ["ENGINE_ID_ENV", "PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
@@ -50,6 +55,28 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
         extra = dict(self.extra_config)
         store_threshold = int(extra.get("store_threshold", 0))
         block_tokens = self.tokens_per_block[0] * self.blocks_per_chunk
+        env = adapter_env()
+        addr = extra.get("tenure_push_addr") or env.push_addr
+        push: Callable[[TenureCachePolicy], PushClient] | None = None
+        if addr:
+            # Imported only with a channel: an engine without one loads no ZeroMQ.
+            from engine_adapter.push_client import engine_push_client
+            from engine_adapter.wakeup import find_engine_waker
+
+            def push(policy: TenureCachePolicy) -> PushClient:
+                engine_id = extra.get("tenure_engine_id") or env.engine_id
+                return engine_push_client(
+                    self,
+                    str(addr),
+                    policy,
+                    engine_id=str(engine_id or self.config.engine_id),
+                    adapter_id=str(engine_id) if engine_id else None,
+                    bytes_per_block=self.kv_bytes_per_chunk,
+                    report_interval_s=_float(extra, "tenure_report_interval_s", 1.0),
+                    hello_interval_s=_float(extra, "tenure_hello_interval_s", 15.0),
+                    waker=find_engine_waker(),
+                )
+
         manager = TenureOffloadingManager(
             num_chunks=self.num_chunks,
             cache_policy=self.eviction_policy,
@@ -59,35 +86,8 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
             max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
             block_tokens=block_tokens,
             bytes_per_block=self.kv_bytes_per_chunk,
+            policy_params=extra.get("tenure_policy_params"),
+            push=push,
         )
-        tenure = manager.tenure
-        if tenure is not None:
-            params = extra.get("tenure_policy_params")
-            if params is not None:
-                if not isinstance(params, dict):
-                    raise ValueError(
-                        "kv_connector_extra_config.tenure_policy_params must be a dict"
-                    )
-                tenure.configure(params)
-            env = adapter_env()
-            addr = extra.get("tenure_push_addr") or env.push_addr
-            if addr:
-                from engine_adapter.push_client import PushClient
-                from engine_adapter.wakeup import find_engine_waker
-
-                engine_id = extra.get("tenure_engine_id") or env.engine_id
-                manager.push_client = PushClient(
-                    str(addr),
-                    tenure,
-                    engine_id=str(engine_id or self.config.engine_id),
-                    adapter_id=str(engine_id) if engine_id else None,
-                    bytes_per_block=self.kv_bytes_per_chunk,
-                    report_interval_s=_float(extra, "tenure_report_interval_s", 1.0),
-                    hello_interval_s=_float(extra, "tenure_hello_interval_s", 15.0),
-                    waker=find_engine_waker(),
-                )
-                manager.push_client.start()
-            else:
-                log.info("tenure: no push channel configured; lifecycle tags from requests only")
         set_spec_manager(self, manager)
         return manager

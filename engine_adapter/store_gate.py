@@ -8,22 +8,65 @@ the keys and victims only on admission; ``evict`` then hands vLLM the chosen vic
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine_adapter.key_map import merge_locs, victim_keys
-from engine_adapter.policy_state import Loc, RequestInfo
+from engine_adapter.holdings import Holdings
+from engine_adapter.key_map import Loc, merge_locs, victim_keys
 from engine_adapter.requests import Requests
 from engine_adapter.vllm_compat import offload_key_positions
 from service.policy import EvictionClass, Run
 
-__all__ = ["StoreGate"]
+__all__ = ["StoreGate", "UndecidedOffer"]
+
+#: The offer behind a bare ``evict(n, protected)`` and its request (vLLM's stock manager
+#: decides no offer beforehand: :meth:`~engine_adapter.stock_path.StockPath.stashed_offer`).
+UndecidedOffer = Callable[[int, set[OffloadKey]], tuple[list[OffloadKey], ReqContext | None]]
 
 
-class StoreGate(Requests):
+class StoreGate:
     """``begin_store`` / ``evict`` / ``end_store``: one decision per offer."""
+
+    __slots__ = (
+        "clock",
+        "holdings",
+        "keys",
+        "offer_blocks",
+        "pending",
+        "refused",
+        "requests",
+        "staged_victims",
+        "stats",
+        "tier",
+    )
+
+    def __init__(
+        self,
+        *,
+        holdings: Holdings,
+        requests: Requests,
+        stats: Counter[str],
+        clock: Callable[[], float],
+    ) -> None:
+        self.keys = holdings.keys
+        self.tier = holdings.tier
+        self.holdings = holdings
+        self.requests = requests
+        self.stats = stats
+        self.clock = clock
+        #: The victims the core chose for the admitted offer, for ``evict``.
+        self.staged_victims: list[tuple[OffloadKey, EvictionClass]] | None = None
+        #: The core refused the offer: the next ``evict`` answers ``None``.
+        self.refused = False
+        #: New blocks of the admitted offer (counted as stored once vLLM inserted them).
+        self.offer_blocks = 0
+        #: Under vLLM's stock manager: the misses of an offer not decided yet, with the storing
+        #: request (``on_store_miss`` only sees the new misses; ``evict`` sees the whole offer,
+        #: ``insert`` a store that needs no room). Filled by the stock path; every roll-back
+        #: here drops it.
+        self.pending: tuple[list[OffloadKey], ReqContext] | None = None
 
     def begin_store(
         self,
@@ -43,11 +86,12 @@ class StoreGate(Requests):
         the missing keys are staged (the tier counts them resident) and the victims are held
         for ``evict``.
         """
-        now = self._clock() if now is None else now
-        self._unstage(now)
+        now = self.clock() if now is None else now
+        self.unstage(now)
+        requests = self.requests
         if ctx is not None:
-            self._last_ctx = ctx
-        info = self._request(ctx, now)
+            requests.last_ctx = ctx
+        info = requests.request(ctx, now)
         session = info.session
         assert session is not None
         # Two passes: plan the offer's (key, segment, index) placements without touching the
@@ -57,10 +101,11 @@ class StoreGate(Requests):
         planned: list[tuple[OffloadKey, int, int]] = []
         held: list[Loc] = []
         run_seg = run_start = run_stop = -1
-        chunks, staged = self.chunks, self._staged
-        key_at, loc_map = self._key_at, self._loc
+        holdings, keys = self.holdings, self.keys
+        chunks, staged = holdings.chunks, holdings.staged
+        key_at, loc_map = keys.key_at, keys.loc
         positions = offload_key_positions(ctx)
-        unit = self.block_tokens
+        unit = keys.block_tokens
         seg = info.seg
         slots = key_at[seg]
         fallback = info.next_index  # keys without a known position follow the previous one
@@ -75,8 +120,8 @@ class StoreGate(Requests):
             if pos and unit and pos % unit == 0:
                 index = pos // unit - 1
             elif pos and pos > 0:
-                index = self._index(key, ctx, info)
-                unit = self.block_tokens
+                index = keys.index(key, ctx, info.next_index)
+                unit = keys.block_tokens
             else:
                 index = fallback
             other = taken.get(index)
@@ -86,7 +131,7 @@ class StoreGate(Requests):
                 # Same session, same position, different content (an edited or branched
                 # context, or another KV group): continue in a segment whose slot is free, so
                 # residency stays one key per slot.
-                seg = self._fork(session, info, seg, index, planned)
+                seg = keys.fork(session, info.tags.segment, seg, index, planned)
                 info.seg = seg
                 slots = key_at[seg]
                 taken = {i: k for k, s, i in planned if s == seg}
@@ -105,22 +150,23 @@ class StoreGate(Requests):
         runs.append(Run(run_seg, run_start, run_stop))
         info.next_index = run_stop
         protected = runs
-        capacity = self.tier.capacity
-        if capacity is not None and n_new > capacity - self.tier.used:
+        tier = self.tier
+        capacity = tier.capacity
+        if capacity is not None and n_new > capacity - tier.used:
             # Victims will be chosen: what vLLM will not let go must be off limits to the core.
             if held:
                 protected = protected + merge_locs(sorted(held))
-            if self._pinned:
-                protected = protected + self._pinned_runs()
+            if holdings.pinned:
+                protected = protected + keys.runs_of(holdings.pinned)
         misses = None
         if reported:
             misses = merge_locs([(s, i) for k, s, i in planned if k not in reported])
         # vLLM 0.33's LRU ranks a stored block by its request and position; one without a
         # position on its own (as 0.32 ranks every block).
         request = info.serial if positions and all(k in positions for k, _, _ in planned) else None
-        result = self.tier.store(protected, session, now, misses=misses, request=request)
+        result = tier.store(protected, session, now, misses=misses, request=request)
         if not result.admitted:
-            self._refused = True
+            self.refused = True
             # One refusal per distinct offer, as the simulator counts them (issue 28): vLLM
             # asks again at every step with the same keys until more of the prompt is
             # computed, and counting each ask made the live figure 4-5x the simulated one.
@@ -132,7 +178,7 @@ class StoreGate(Requests):
                 self.stats["refusals"] += 1
                 self.stats["refused_blocks"] += n_new
             return False
-        frontier = self._frontier
+        frontier = keys.frontier
         for key, seg, index in planned:
             slots = key_at[seg]
             if len(slots) <= index:
@@ -143,11 +189,11 @@ class StoreGate(Requests):
                 frontier[seg] = index + 1
             staged.add(key)
         # Counted when vLLM has inserted them (end_store): it may still drop the store.
-        self._offer_blocks = n_new
+        self.offer_blocks = n_new
         staged_victims: list[tuple[OffloadKey, EvictionClass]] = []
         for victim in result.victims:
             staged_victims.extend(victim_keys(key_at, victim))
-        self._staged_victims = staged_victims
+        self.staged_victims = staged_victims
         return True
 
     def report_misses(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> None:
@@ -155,10 +201,11 @@ class StoreGate(Requests):
         the core learns from them as from the misses of a store (ARC adapts to ghost hits).
         Keys are located where the store would have put them; a slot held by other content
         (an edit: the store would fork) has no history to learn from and is skipped."""
-        now = self._clock()
-        info = self._request(ctx, now)
+        now = self.clock()
+        info = self.requests.request(ctx, now)
+        key_map = self.keys
         positions = offload_key_positions(ctx)
-        unit = self.block_tokens
+        unit = key_map.block_tokens
         locs: list[Loc] = []
         index = info.next_index
         for key in keys:
@@ -166,40 +213,22 @@ class StoreGate(Requests):
             if pos and unit and pos % unit == 0:
                 index = pos // unit - 1
             elif pos and pos > 0:
-                index = self._index(key, ctx, info)
-                unit = self.block_tokens
-            if self._occupant(info.seg, index) is None:
+                index = key_map.index(key, ctx, info.next_index)
+                unit = key_map.block_tokens
+            if key_map.occupant(info.seg, index) is None:
                 locs.append((info.seg, index))
             index += 1
         self.tier.report_misses(merge_locs(locs), now)
 
-    def _fork(
-        self,
-        session: str,
-        info: RequestInfo,
-        current: int,
-        index: int,
-        planned: Sequence[tuple[OffloadKey, int, int]],
-    ) -> int:
-        """A segment of ``info``'s context whose slot ``index`` is free (a new fork if none)."""
-        base = self._segment(session, info.tags.segment)
-        forks = self._forks.setdefault(base, [])
-        claimed = {s for _, s, i in planned if i == index}
-        for seg in (base, *forks):
-            if seg != current and seg not in claimed and self._occupant(seg, index) is None:
-                return seg
-        self._fork_serial += 1
-        seg = self._segment(session, (info.tags.segment, "fork", self._fork_serial))
-        forks.append(seg)
-        return seg
-
-    def _unstage(self, now: float) -> None:
+    def unstage(self, now: float) -> None:
         """Roll back what an offer staged but vLLM never inserted (its store was dropped)."""
-        self._stash = None
-        staged = self._staged
-        leftovers = [k for k in staged if k not in self.chunks] if staged else []
+        self.pending = None
+        holdings = self.holdings
+        staged = holdings.staged
+        chunks = holdings.chunks
+        leftovers = [k for k in staged if k not in chunks] if staged else []
         staged.clear()
-        offered, self._offer_blocks = self._offer_blocks, 0
+        offered, self.offer_blocks = self.offer_blocks, 0
         if offered:
             inserted = offered - len(leftovers)
             if inserted > 0:
@@ -213,68 +242,72 @@ class StoreGate(Requests):
             runs: list[Run] = []
             for key in leftovers:
                 # A reclaim may have dropped a staged key's slot already (stock manager).
-                loc = self._unplace(key)
+                loc = self.keys.unplace(key)
                 if loc is not None:
                     runs.append(Run(loc[0], loc[1], loc[1] + 1))
             self.tier.drop(runs)
-        victims, self._staged_victims = self._staged_victims, None
-        self._refused = False
+        victims, self.staged_victims = self.staged_victims, None
+        self.refused = False
         if victims:
             # The core chose them but vLLM never evicted them: give them back to the tier.
             self._readmit([k for k, _ in victims], now)
 
     def _readmit(self, keys: Iterable[OffloadKey], now: float) -> None:
+        key_map, tier, chunks = self.keys, self.tier, self.holdings.chunks
         for key in keys:
-            loc = self._loc.get(key)
+            loc = key_map.loc.get(key)
             if loc is None:
                 continue
-            if key not in self.chunks:
-                self._unplace(key)
+            if key not in chunks:
+                key_map.unplace(key)
                 continue
             run = Run(loc[0], loc[1], loc[1] + 1)
-            if self.tier.is_resident(loc[0], loc[1]):
+            if tier.is_resident(loc[0], loc[1]):
                 continue
-            if not self.tier.store([run], self.tier.owner(loc[0]), now).admitted:
-                self._doom(key, EvictionClass.RECENCY)
+            if not tier.store([run], tier.owner(loc[0]), now).admitted:
+                self.holdings.doom(key, EvictionClass.RECENCY)
 
     def end_store(self, now: float | None = None) -> None:
         """vLLM finished ``prepare_store``: drop whatever the offer staged and did not use."""
-        self._unstage(self._clock() if now is None else now)
+        self.unstage(self.clock() if now is None else now)
 
     def evict(
-        self, n: int, protected: set[OffloadKey]
+        self, n: int, protected: set[OffloadKey], undecided: UndecidedOffer
     ) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        """vLLM's ``evict``: the victims staged for the offer (``undecided`` supplies an offer
+        no ``begin_store`` decided: vLLM's stock manager), or ``None`` to refuse the store."""
         if n <= 0:
             return []
-        if self._refused:
-            self._refused = False
-            self._stash = None
+        if self.refused:
+            self.refused = False
+            self.pending = None
             return None
-        if self._staged_victims is None:
+        if self.staged_victims is None:
             # Stock manager: the offer is decided here, where vLLM says what it protects.
-            offer, ctx = self._stashed_offer(n, protected)
+            offer, ctx = undecided(n, protected)
             if not self.begin_store(offer, ctx):
-                self._refused = False
+                self.refused = False
                 return None
-        chosen = list(self._staged_victims or ())
-        self._staged_victims = None
+        holdings = self.holdings
+        doomed, pinned = holdings.doomed, holdings.pinned
+        chosen = list(self.staged_victims or ())
+        self.staged_victims = None
         if len(chosen) > n:
             # The core freed more than vLLM needs (its books counted chunks vLLM still holds):
             # the surplus stays with vLLM as doomed, evicted later.
             for key, cls in chosen[n:]:
-                self._doom(key, cls)
+                holdings.doom(key, cls)
             chosen = chosen[:n]
         short = n - len(chosen)
         fills: list[tuple[OffloadKey, EvictionClass]] = []
         if short > 0:
-            pinned = self._pinned
-            for key, cls in self._doomed.items():
+            for key, cls in doomed.items():
                 if key not in pinned and key not in protected:
                     fills.append((key, cls))
                     if len(fills) == short:
                         break
             for key, _ in fills:
-                del self._doomed[key]
+                del doomed[key]
             short -= len(fills)
         if short > 0:
             # Room the tier does not count (chunks vLLM holds for pinned doomed keys, or a bare
@@ -283,25 +316,20 @@ class StoreGate(Requests):
             if more is not None:
                 chosen.extend(more)
                 short = 0
-        if short > 0 or any(k in self._pinned or k in protected for k, _ in chosen):
+        if short > 0 or any(k in pinned or k in protected for k, _ in chosen):
             # Not enough evictable room (pinned chunks), or the core chose a key vLLM protects:
             # refuse and change nothing vLLM sees. The doomed stay doomed; the core's own
             # victims go back to the tier once the offer's staged keys are rolled back.
             for key, cls in fills:
-                self._doomed[key] = cls
-            self._staged_victims = chosen
-            self._unstage(self._clock())
+                doomed[key] = cls
+            self.staged_victims = chosen
+            self.unstage(self.clock())
             self.stats["refusals_pinned"] += 1
             return None
         chosen.extend(fills)
         out: list[tuple[OffloadKey, ChunkStatus]] = []
-        doomed, sharers, chunks, loc_map, key_at = (
-            self._doomed,
-            self._sharers,
-            self.chunks,
-            self._loc,
-            self._key_at,
-        )
+        sharers, chunks = holdings.sharers, holdings.chunks
+        loc_map, key_at = self.keys.loc, self.keys.key_at
         by_class: Counter[EvictionClass] = Counter()
         for key, cls in chosen:
             if doomed:
@@ -321,16 +349,17 @@ class StoreGate(Requests):
         self, n: int, protected: set[OffloadKey]
     ) -> list[tuple[OffloadKey, EvictionClass]] | None:
         """``n`` victims from the core with nothing stored, or ``None`` (nothing changed)."""
-        loc_of = self._loc.get
+        holdings, key_map = self.holdings, self.keys
+        loc_of = key_map.loc.get
         locs = [loc for k in protected if (loc := loc_of(k)) is not None]
-        locs += [loc for k in self._staged if (loc := loc_of(k)) is not None]
+        locs += [loc for k in holdings.staged if (loc := loc_of(k)) is not None]
         keep = merge_locs(sorted(locs))
-        if self._pinned:
-            keep += self._pinned_runs()
-        victims = self.tier.make_room(n, None, keep, self._clock())
+        if holdings.pinned:
+            keep += key_map.runs_of(holdings.pinned)
+        victims = self.tier.make_room(n, None, keep, self.clock())
         if victims is None:
             return None
-        key_at = self._key_at
+        key_at = key_map.key_at
         out: list[tuple[OffloadKey, EvictionClass]] = []
         for victim in victims:
             out.extend(victim_keys(key_at, victim))

@@ -30,9 +30,10 @@ Configure it as a secondary tier (the plugin registers the type, no ``module_pat
 ``fs`` tier has no eviction: deleting closed segments is what bounds its size here).
 
 With a push address (``"push_addr"`` in the tier's entry, or env ``TENURE_PUSH_ADDR``) the
-tier also reports the same accounting to the sidecar over the push channel
-(:mod:`engine_adapter.placement_push`, every ``push_interval_s``, default 1 s), under
-``engine_id`` (env ``TENURE_ENGINE_ID``, the id ``TENURE_PUSH_ENGINE_IDS`` lists at the
+tier also reports the same accounting to the sidecar over its engine's one push connection
+(:func:`~engine_adapter.push_client.engine_push_client`, shared with Tenure's manager when the
+engine has one; :mod:`engine_adapter.placement_push`, every ``push_interval_s``, default 1 s),
+under ``engine_id`` (env ``TENURE_ENGINE_ID``, the id ``TENURE_PUSH_ENGINE_IDS`` lists at the
 sidecar; default: host, pid and a random suffix); the sidecar exports it as
 ``tenure_placement_*`` metrics. ``"push_addr": ""`` turns it off.
 
@@ -61,7 +62,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
-from engine_adapter.placement_push import PlacementPusher, PlacementTotals
+from engine_adapter.placement_push import PlacementTotals
+from engine_adapter.push_client import PushClient, engine_push_client
 from engine_adapter.segment_book import UNTAGGED, SegmentBook
 from engine_adapter.settings import adapter_env
 from engine_adapter.tiering_names import METRICS, TIER_TYPE
@@ -172,20 +174,20 @@ class TenureFsTier(FileSystemTierManager):
         self._doomed: set[OffloadKey] = set()
         self._done_local: list[JobResult] = []
         self.deleted_files = 0
-        self.pusher: PlacementPusher | None = None
+        self.pusher: PushClient | None = None
         env = adapter_env()
         addr = (env.push_addr or "") if push_addr is None else push_addr
         if addr:
             interval = _number({"push_interval_s": push_interval_s}, "push_interval_s", 1.0)
             assert interval is not None
             ident = engine_id or env.engine_id
-            self.pusher = PlacementPusher(
+            self.pusher = engine_push_client(
+                offloading_spec,
                 str(addr),
-                self.placement_totals,
+                engine_id=ident or "",
                 adapter_id=ident,
-                interval_s=interval,
             )
-            self.pusher.start()
+            self.pusher.report_placement(self.placement_totals, interval)
 
     # --- vLLM metric definitions -----------------------------------------------------------
 
@@ -357,6 +359,7 @@ class TenureFsTier(FileSystemTierManager):
 
     def shutdown(self) -> None:
         if self.pusher is not None:
+            self.pusher.report_placement(None)
             self.pusher.stop()
             self.pusher = None
         super().shutdown()

@@ -137,7 +137,7 @@ def create_app(
             push = PushServer(
                 settings.push_addr, tail_store, metrics, tier_config=tier_config,
                 snapshot_interval_s=settings.push_snapshot_interval_s, clock=clock,
-                security=push_security(settings),
+                security=push_security(settings), on_resumes=retention.record_resumes,
             )  # fmt: skip
             await push.start()
         recorder = Recorder(

@@ -8,7 +8,7 @@ renders that registry.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -19,7 +19,6 @@ from service.wire.push import (
     PLACEMENT_TIERS,
     PlacementReport,
     ResidencyReport,
-    ResumeOutcome,
 )
 
 __all__ = ["OTHER", "LabelBudget", "Metrics"]
@@ -301,8 +300,6 @@ class Metrics:
         )  # fmt: skip
         #: The online retention controller's gauges and the resume outcomes.
         self.retention = RetentionMetrics(r)
-        #: Set by the app: prices and counts the resume outcomes adapters report.
-        self.on_resumes: Callable[[Iterable[ResumeOutcome]], None] | None = None
 
     def count_moves(self, adapter: str, sessions: int) -> None:
         if sessions > 0:
@@ -326,8 +323,6 @@ class Metrics:
         _add(self.adapter_bytes_loaded, report.bytes_loaded)
         _add(self.adapter_ttl_expiries, report.ttl_expiries)
         _add(self.adapter_ttl_repriced, report.ttl_repriced)
-        if report.resumes and self.on_resumes is not None:
-            self.on_resumes(report.resumes[:256])
         for cls, blocks in report.evicted_blocks.items():
             if blocks > 0:
                 # Only the core's own classes: the sender's text is not a label.

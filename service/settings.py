@@ -203,6 +203,12 @@ class Settings(BaseSettings):
     """Suspensions and resumes kept per tenant in Redis (the controller's window)."""
     retention_lease_s: float = Field(default=30.0, gt=0, le=3600)
     """The replica holding the controller lease re-chooses; the lease lasts this long."""
+    retention_rule: Literal["branch", "timer"] = "branch"
+    """The re-choice rule. ``branch`` (default): the seed's two branches, retain or the
+    break-even timer ``t2``. ``timer`` (opt-in, issue 26): a rent-budget scale of ``t2`` from a
+    fine grid (0.5-16 x ``t2``, or retain) by expected cost over bootstrap resamples of the
+    waits, the SRE's calibration sample as the prior. Opt-in because on the Claude Code gaps it
+    beats the seed's controller at 3 x lambda_crit but loses to it at 2 x (notes, issue 26)."""
 
     # --- segments: segment tracking and the worker ranker (service.api.segments) ------------------
     segments: bool = False

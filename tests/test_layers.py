@@ -5,7 +5,9 @@ A small AST walk over every module of the packages: each ``import`` / ``from ...
 an edge. A module may import its own group and groups of a lower layer, never a group of its
 own layer or above; the engine adapter imports only the core, the wire formats and the errors;
 test helpers are imported by tests only; and no chain of imports comes back to where it
-started.
+started. A class of the sidecar or the adapter does not subclass a project class of another
+module (a class spread over files through base classes), except the real is-a relations of
+:data:`ALLOWED_BASES`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,34 @@ ADAPTER_MAY_IMPORT = ("service.policy", "service.wire", "service.errors", "engin
 #: What the SDK may import (it ships to harnesses on its own).
 SDK_MAY_IMPORT = ("clients",)
 TEST_HELPERS = ("engine_adapter.testing",)
+#: Where classes may not extend a project class of another module.
+NO_CROSS_MODULE_BASES = ("service", "engine_adapter")
+#: Project classes that classes of other modules may extend: real is-a relations, not one
+#: class cut into files (collaborators are composed and passed in; ARCHITECTURE.md).
+ALLOWED_BASES: dict[str, str] = {
+    # The decision core's contracts: every core policy is a TierPolicy (the narrow ABC with
+    # the all-or-nothing contract that the replay, the sidecar and the adapter call), every
+    # placement policy a PlacementPolicy.
+    "service.policy.base.TierPolicy": "the core policy ABC",
+    "service.policy.placement.PlacementPolicy": "the placement policy ABC",
+    # The family of policies that decide by sessions (tenure's gate, Mori, Marconi, the
+    # oracle, TTL pinning) share one lifecycle book, reclaim and host TTL, and each is used
+    # wherever a SessionPolicy is (the replay's and the adapter's session hints).
+    "service.policy.sessions.SessionPolicy": "the session-lifecycle policy family",
+    # Exception hierarchy: a workload's scale error is a usage error (one exit path).
+    "service.errors.UsageError": "exception hierarchy",
+    # The replay's ObservedTier is a HostTier that also reports residency changes; it is
+    # passed wherever the core's HostTier is.
+    "service.policy.tier.HostTier": "a HostTier that reports to the replay's books",
+    # vLLM's OffloadingSpec / OffloadingWorker families (vLLM loads them by class): the CPU
+    # spec is Tenure's spec with the host-copy worker; the tiering spec's worker is the
+    # host-copy worker with its pool in a shared region.
+    "engine_adapter.spec.TenureOffloadingSpec": "vLLM OffloadingSpec family",
+    "engine_adapter.cpu_spec.HostCopyWorker": "vLLM OffloadingWorker family",
+    # The live A/B stack is a local stack (the A/B's settings and model on the same launcher).
+    "service.stack.StackConfig": "the A/B stack's settings are stack settings",
+    "service.stack.LocalStack": "the A/B stack is a local stack",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -221,6 +251,79 @@ def test_the_import_graph_has_no_cycle() -> None:
         if node not in index:
             visit(node)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _class_bases(known: dict[str, Path]) -> Iterator[tuple[str, str]]:
+    """(class, base) for every class of ``known`` with a project class of another module as a
+    base, both as ``module.Class`` (a re-exported base resolved to the module defining it)."""
+    trees = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in known.items()}
+    defined: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, set()).add(name)
+    for name, tree in trees.items():
+        imported: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    imported[alias.asname or alias.name] = node.module
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                if isinstance(base, ast.Subscript):  # Generic[T]-style bases
+                    base = base.value
+                if isinstance(base, ast.Attribute):  # ``module.Class``
+                    source, cls = ast.unparse(base.value), base.attr
+                elif isinstance(base, ast.Name) and base.id in imported:
+                    source, cls = imported[base.id], base.id
+                else:
+                    continue  # defined in this module, a builtin, or not the project's
+                if source.split(".")[0] not in PACKAGES:
+                    continue
+                homes = defined.get(cls, set())
+                home = source if source in homes else min(homes, default=source)
+                if home != name:
+                    yield f"{name}.{node.name}", f"{home}.{cls}"
+
+
+def test_no_class_is_spread_over_modules_through_base_classes() -> None:
+    wrong = [
+        f"{cls} extends {base}"
+        for cls, base in _class_bases(_modules())
+        if _under(cls.rpartition(".")[0], NO_CROSS_MODULE_BASES) and base not in ALLOWED_BASES
+    ]
+    assert not wrong, (
+        "compose collaborators instead of extending a class of another module (or add a real "
+        "is-a relation to ALLOWED_BASES, with why):\n" + "\n".join(sorted(wrong))
+    )
+
+
+def test_the_base_class_check_sees_a_split_class(tmp_path: Path) -> None:
+    # Guards the check itself: a class extending another module's class is found, an allowed
+    # base and a same-module base are not.
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "part.py").write_text("class Part:\n    pass\n")
+    (tmp_path / "service" / "whole.py").write_text(
+        "from service.part import Part\n"
+        "from service.errors import UsageError\n"
+        "class Local:\n    pass\n"
+        "class Whole(Part):\n    pass\n"
+        "class Near(Local):\n    pass\n"
+        "class Bad(UsageError):\n    pass\n"
+    )
+    (tmp_path / "service" / "errors.py").write_text("class UsageError(Exception):\n    pass\n")
+    known = {f"service.{p.stem}": p for p in (tmp_path / "service").glob("*.py")}
+    found = sorted(_class_bases(known))
+    assert found == [
+        ("service.whole.Bad", "service.errors.UsageError"),
+        ("service.whole.Whole", "service.part.Part"),
+    ]
+    assert [c for c, b in found if b not in ALLOWED_BASES] == ["service.whole.Whole"]
+    # The real tree: the allow-list names only classes that exist and are extended.
+    extended = {b for _, b in _class_bases(_modules())}
+    assert set(ALLOWED_BASES) <= extended
 
 
 def test_the_walk_sees_the_whole_house() -> None:

@@ -71,15 +71,15 @@ def check_books(manager: Any) -> None:
     if manager._num_write_pending_chunks != pending:
         _fail(manager, f"manager counts {manager._num_write_pending_chunks} pending, {pending} are")
     pinned = {k for k, c in chunks.items() if c.ref_cnt != 0}
-    if policy._pinned != pinned:
-        _fail(manager, f"policy pins {len(policy._pinned)} keys, {len(pinned)} are pinned")
+    if policy.holdings.pinned != pinned:
+        _fail(manager, f"policy pins {len(policy.holdings.pinned)} keys, {len(pinned)} are pinned")
     tier = policy.tier
     if tier.capacity is not None and tier.used > tier.capacity:
         _fail(manager, f"tier overrun: {tier.used} of {tier.capacity}")
     if tier.used != sum(tier.session_resident.values()):
         _fail(manager, "tier's per-session counts do not add up")
-    loc = policy._loc
-    doomed = set(policy._doomed)
+    loc = policy.key_map.loc
+    doomed = set(policy.holdings.doomed)
     if not doomed <= chunks.keys():
         _fail(manager, "a doomed key is not held by vLLM")
     resident = {k for k in chunks if k in loc}
@@ -88,7 +88,7 @@ def check_books(manager: Any) -> None:
     if resident | doomed != chunks.keys():
         lost = len(chunks.keys() - resident - doomed)
         _fail(manager, f"{lost} chunk(s) held by vLLM are neither in the tier nor doomed")
-    staged_only = {k for k in policy._staged if k not in chunks}
+    staged_only = {k for k in policy.holdings.staged if k not in chunks}
     if not staged_only <= loc.keys() or loc.keys() != resident | staged_only:
         _fail(manager, "the key map holds keys that are neither held nor staged")
     if tier.used != len(resident) + len(staged_only):
@@ -98,12 +98,12 @@ def check_books(manager: Any) -> None:
             f"(+{len(staged_only)} staged)",
         )
     slots = 0
-    for key_at in policy._key_at:
+    for key_at in policy.key_map.key_at:
         slots += sum(1 for k in key_at if k is not None)
     if slots != len(loc):
         _fail(manager, f"{len(loc)} keys mapped onto {slots} slots (one key per slot)")
     for key, (seg, index) in loc.items():
-        if policy._key_at[seg][index] != key or not tier.is_resident(seg, index):
+        if policy.key_map.key_at[seg][index] != key or not tier.is_resident(seg, index):
             _fail(manager, f"key at ({seg}, {index}) is not where the tier counts it")
     if getattr(manager, "tenure", None) is not None and (doomed - pinned):
         # Tenure's manager frees what the policy dropped at once; only pinned chunks wait.

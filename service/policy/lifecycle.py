@@ -116,6 +116,7 @@ def on_suspend(
     branch: Literal["retain", "ttl"] | None = None,
     declared_retention_s: float | None = None,
     rent: RentClock | None = None,
+    timer_scale: float | None = 1.0,
 ) -> LifecycleDecision:
     """A human-approval wait begins: keep the host copy for ``t2(lambda)`` (or indefinitely).
 
@@ -133,6 +134,10 @@ def on_suspend(
     is held: on the ttl branch the decision carries ``host_rent_limit = R(now) + beta3 -
     beta2``, so the copy expires when the rent actually charged reaches the break-even (at a
     constant price exactly ``now + t2``). A binding declared retention stays a fixed timer.
+
+    ``timer_scale`` (with ``branch``): the retention rule's rent-budget scale
+    (:mod:`service.policy.retention_rule`): the ttl branch's timer is ``scale x t2`` and its
+    rent limit ``R(now) + scale x (beta3 - beta2)``; 1 is the seed's ``t2``.
     """
     lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda
     if branch is not None:
@@ -142,6 +147,8 @@ def on_suspend(
             ttl, reason = None, "regime_retain"
         else:
             ttl = host_ttl_seconds(lam, retention.price, retention.host_slots, retention.w_ref_s)
+            scale = 1.0 if timer_scale is None else timer_scale
+            ttl = None if ttl is None else scale * ttl
             reason = "host_retain" if ttl is None else "host_ttl"
     elif calibration_waits_s:
         choice = choose_regime(
@@ -158,7 +165,8 @@ def on_suspend(
     if bounded != ttl:
         ttl, reason = bounded, "client_retention"
     elif branch == "ttl" and rent is not None:
-        limit = rent.limit_for(now, rent_budget(retention.price))
+        scale = 1.0 if timer_scale is None else timer_scale
+        limit = rent.limit_for(now, scale * rent_budget(retention.price))
     wakeup = None if expected_wait_s is None else now + expected_wait_s
     return LifecycleDecision(
         "suspended", expected_wait_s, wakeup, False, False, ttl, reason, host_rent_limit=limit

@@ -32,7 +32,7 @@ from service.policy.rate import (
     rate_estimator_from_state,
     rate_lower_bound,
 )
-from service.policy.rent import RentClock, rent_budget
+from service.policy.rent import RentClock
 from service.policy.retention import alpha2
 from service.policy.retention_costs import (
     EVALUATORS,
@@ -44,9 +44,18 @@ from service.policy.retention_costs import (
     check_lambda,
     clean_waits,
 )
+from service.policy.retention_rule import (
+    RESAMPLES,
+    TimerChoice,
+    check_scale,
+    choose_timer,
+    scale_budget,
+    timer_for_scale,
+)
 from service.policy.waits import SuspensionCohort, WaitWindow
 
 __all__ = [
+    "CalibratedTimer",
     "OneShotController",
     "OnlineController",
     "OnlineSettings",
@@ -70,9 +79,47 @@ class RetentionDecision:
     samples: int
     changed: bool
     reason: str
+    #: The timer rule's rent-budget scale (multiple of ``t2``; ``None``: retain or the seed's
+    #: branch rule) and what it was chosen on (:class:`~service.policy.retention_rule.
+    #: TimerChoice` as a dict: costs, sample size, resamples).
+    scale: float | None = None
+    choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _summary(waits: Sequence[float], source: str) -> dict[str, Any]:
+    """What a choice was made on: where the waits came from, how many, their shape."""
+    ordered = sorted(waits)
+    n = len(ordered)
+
+    def q(p: float) -> float | None:
+        return ordered[min(n - 1, int(p * n))] if n else None
+
+    return {
+        "source": source,
+        "n": n,
+        "mean_s": sum(ordered) / n if n else None,
+        "p50_s": q(0.5),
+        "p90_s": q(0.9),
+        "p99_s": q(0.99),
+        "max_s": ordered[-1] if n else None,
+    }
+
+
+def _thin(waits: Sequence[float], m: int) -> list[float]:
+    """``m`` evenly spaced order statistics of ``waits`` (all of them when ``m`` >= their
+    number): a smaller sample with the same shape, deterministic."""
+    ordered = sorted(waits)
+    n = len(ordered)
+    if m >= n:
+        return ordered
+    return [ordered[min(n - 1, int((i + 0.5) * n / m))] for i in range(max(0, m))]
+
+
+def _scale_name(scale: float | None) -> str:
+    return "retain" if scale is None else f"{scale:.3g} x t2"
 
 
 def _pct(new: float, old: float) -> str:
@@ -199,6 +246,43 @@ class OneShotController:
             return None
         return self.model.t2(self.lam if lam is None else lam)
 
+    @property
+    def scale(self) -> float | None:
+        """The branch as a rent-budget scale: ``t2`` is scale 1."""
+        return None if self.branch == "retain" else 1.0
+
+
+class CalibratedTimer:
+    """The timer rule calibrated once: configured ``lambda``, one calibration sample.
+
+    The scale minimises the expected cost on the sample at the configured ``lambda``
+    (:func:`~service.policy.retention_rule.choose_timer`, the seed's episode score by
+    default, over bootstrap resamples); the timer at another ``lambda`` (an online estimate)
+    is that scale times ``t2`` there, or with the rent clock the scale's rent budget.
+    """
+
+    def __init__(
+        self,
+        model: RetentionModel,
+        *,
+        lam: float,
+        calibration_waits_s: Sequence[float],
+        evaluator: Evaluator = "episode",
+        resamples: int = RESAMPLES,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.lam = check_lambda(lam)
+        self.choice: TimerChoice = choose_timer(
+            model, calibration_waits_s, self.lam, evaluator=evaluator, resamples=resamples,
+            seed=seed,
+        )  # fmt: skip
+        self.scale = self.choice.scale
+        self.branch: Branch = "retain" if self.scale is None else "ttl"
+
+    def host_ttl(self, lam: float | None = None) -> float | None:
+        return timer_for_scale(self.model, self.scale, self.lam if lam is None else lam)
+
 
 @dataclass(frozen=True, slots=True)
 class OnlineSettings:
@@ -228,6 +312,22 @@ class OnlineSettings:
     #: follows lambda while it is held, :mod:`service.policy.rent`); ``oneshot``: at ``t2`` of
     #: the lambda at its suspension (the seed's timer). Equal while lambda stays put.
     timer: Literal["repriced", "oneshot"] = "repriced"
+    #: ``timer``: the retention rule (:mod:`service.policy.retention_rule`: a rent-budget
+    #: scale from a fine grid, the sample's uncertainty priced in by bootstrap resamples);
+    #: ``branch``: the seed's two branches (retain, or ``t2``; the default here, so that a
+    #: bare ``OnlineSettings()`` is the controller of issue 13; the sidecar and the replay
+    #: name the rule they run).
+    rule: Literal["timer", "branch"] = "branch"
+    #: The timer rule's hysteresis: a new scale must be cheaper by this (relative) in
+    #: expectation. Smaller than ``margin``: the resamples already price the sample's noise,
+    #: and a few percent is the whole distance between neighbouring timers on a steep cost.
+    timer_margin: float = 0.01
+    #: Bootstrap resamples of the timer rule's expected cost.
+    resamples: int = RESAMPLES
+    #: The timer rule completes a sample whose mean is below ``W_ref`` with a far tail
+    #: (:func:`~service.policy.retention_rule.choose_timer`'s ``mean_prior_s``): waits longer
+    #: than the hours a sample was collected over are missing from it.
+    tail_prior: bool = True
 
     def __post_init__(self) -> None:
         for name in ("period_s",):
@@ -250,6 +350,12 @@ class OnlineSettings:
             raise ValueError(f"lambda_z must be a finite number >= 0, got {self.lambda_z!r}")
         if self.timer not in ("repriced", "oneshot"):
             raise ValueError("timer must be 'repriced' or 'oneshot'")
+        if self.rule not in ("timer", "branch"):
+            raise ValueError("rule must be 'timer' or 'branch'")
+        if not (math.isfinite(self.timer_margin) and 0 <= self.timer_margin < 1):
+            raise ValueError(f"timer_margin must be in [0, 1), got {self.timer_margin!r}")
+        if self.resamples < 1:
+            raise ValueError(f"resamples must be >= 1, got {self.resamples!r}")
         rate_estimator(self.estimator)  # names a bad spec now, not at the first event
 
 
@@ -269,6 +375,16 @@ class OnlineController:
     #: The congestion rent a held copy pays, re-priced at every suspension and decision
     #: (:mod:`service.policy.rent`).
     rent: RentClock = field(default_factory=RentClock)
+    #: The timer rule's rent-budget scale in use (``None``: retain); the branch rule's is 1
+    #: on ttl. Starts at the initial branch's.
+    scale: float | None = None
+    #: The timer rule's prior, a calibration sample (the SRE's ``POST /admin/waits`` in the
+    #: sidecar: the one-shot calibration): scored alone while fewer than ``min_samples`` waits
+    #: were observed, then topping the tenant's own sample up to ``window`` waits (its weight
+    #: falls as the own sample grows, to none once the window is full).
+    prior_waits_s: tuple[float, ...] = ()
+    #: The timer rule's last choice (what ``/admin/retention`` shows).
+    last_choice: TimerChoice | None = None
 
     def __post_init__(self) -> None:
         if self.estimator is None:
@@ -279,6 +395,11 @@ class OnlineController:
             self.cohort = SuspensionCohort(self.settings.window)
         if self.branch is None:
             self.branch = self.settings.initial_branch
+        if self.scale is None and self.branch == "ttl":
+            self.scale = 1.0
+        if self.scale is not None:
+            self.scale = check_scale(self.scale)
+            self.branch = "ttl"
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -321,14 +442,15 @@ class OnlineController:
         if self.branch != "ttl":
             return None
         lam, _ = self.lam(now)
-        return self.model.t2(lam)
+        return timer_for_scale(self.model, self.scale, lam)
 
     def rent_limit(self, now: float) -> float | None:
         """The re-priced timer of a context suspending at ``now``: it expires when
         :attr:`rent` reaches this (``None``: retain branch, keep until resume)."""
-        if self.branch != "ttl":
+        budget = scale_budget(self.model, self.scale) if self.branch == "ttl" else None
+        if budget is None:
             return None
-        return self.rent.limit_for(now, rent_budget(self.model.price))
+        return self.rent.limit_for(now, budget)
 
     def due(self, now: float) -> bool:
         last = self.last_decision_at
@@ -336,8 +458,10 @@ class OnlineController:
 
     def decide(self, now: float) -> RetentionDecision:
         """Re-choose the branch now (the caller calls this when :meth:`due`)."""
-        assert self.branch is not None
+        assert self.branch is not None and self.waits is not None
         lam, source = self.lam(now)
+        if self.settings.rule == "timer":
+            return self._decide_timer(now, lam, source)
         decision = rechoose_branch(
             self.model,
             self.sample(now),
@@ -351,11 +475,80 @@ class OnlineController:
             seed=self.decisions,
         )
         self.branch = decision.branch
+        self.scale = None if decision.branch == "retain" else 1.0
         self.last_decision_at = now
         self.decisions += 1
         self.switches += int(decision.changed)
         self.reprice(now)
         return decision
+
+    def _decide_timer(
+        self, now: float, lam: float, source: Literal["estimated", "pinned"]
+    ) -> RetentionDecision:
+        """The timer rule's re-choice: the scale of least expected cost, with hysteresis."""
+        assert self.waits is not None
+        st, crit = self.settings, self.model.lambda_crit
+        observed = len(self.waits)
+        sample, on, origin = self.sample(now), f"{observed} observed waits", "observed"
+        if observed < st.min_samples and self.prior_waits_s:
+            sample, origin = list(self.prior_waits_s), "calibration"
+            on = f"{observed} observed waits < {st.min_samples}: the calibration sample"
+        elif self.prior_waits_s and len(sample) < st.window:
+            # The prior fades as the tenant's own sample fills the window, rather than
+            # vanishing at min_samples: the first congested decision often comes when a few
+            # hundred waits exist, all of them short ones (a long wait is still pending),
+            # and the calibration sample is the only view of the tail it has.
+            prior = _thin(self.prior_waits_s, st.window - len(sample))
+            on = (
+                f"{observed} observed waits ({len(sample)} scored) topped up to the window "
+                f"with {len(prior)} of the calibration sample"
+            )
+            sample, origin = sample + prior, "observed+calibration"
+        before = self.scale
+        choice: TimerChoice | None = None
+        if lam <= crit:
+            reason = (
+                f"uncongested: lambda {lam:.4g}/s <= lambda_crit {crit:.4g}/s, every scale "
+                f"keeps every host copy; staying at {_scale_name(before)}"
+            )
+        elif len(sample) < (st.min_samples if origin == "observed" else 1):
+            reason = (
+                f"{len(sample)} waits < {st.min_samples} needed; staying at {_scale_name(before)}"
+            )
+        else:
+            choice = choose_timer(
+                self.model, sample, lam, evaluator=st.evaluator, resamples=st.resamples,
+                seed=self.decisions, incumbent=before,
+                mean_prior_s=self.model.w_ref_s if st.tail_prior else None,
+            )  # fmt: skip
+            self.last_choice = choice
+            held = choice.cost_incumbent if choice.cost_incumbent is not None else math.inf
+            detail = (
+                f"at lambda {lam:.4g}/s ({lam / crit:.2f} x lambda_crit), t2 "
+                f"{choice.t2 or 0:.0f} s, on {on} ({len(sample)} scored, {choice.resamples} "
+                f"{st.evaluator} resamples): {_scale_name(choice.scale)} "
+                f"{choice.cost:.4f} (sd {choice.cost_sd:.4f}), {_scale_name(before)} "
+                f"{held:.4f}, retain {choice.cost_retain:.4f}, t2 {choice.cost_t2:.4f} "
+                f"GPU-s/context"
+            )
+            if choice.scale != before and choice.cost < held * (1 - st.timer_margin):
+                self.scale = choice.scale
+                reason = f"switched {_scale_name(before)} -> {_scale_name(choice.scale)} {detail}"
+            else:
+                reason = f"kept {_scale_name(before)} (within {st.timer_margin:.0%}) {detail}"
+        self.branch = "retain" if self.scale is None else "ttl"
+        changed = self.scale != before
+        self.last_decision_at = now
+        self.decisions += 1
+        self.switches += int(changed)
+        self.reprice(now)
+        return RetentionDecision(
+            now, self.branch, lam, source, crit, timer_for_scale(self.model, self.scale, lam),
+            None if choice is None else choice.cost_retain,
+            None if choice is None else choice.cost_t2,
+            len(sample), changed, reason, self.scale,
+            None if choice is None else {**choice.to_dict(), "sample": _summary(sample, origin)},
+        )  # fmt: skip
 
     # --- persistence ----------------------------------------------------------------------
 
@@ -371,6 +564,7 @@ class OnlineController:
             "decisions": self.decisions,
             "switches": self.switches,
             "rent": self.rent.to_state(),
+            "scale": self.scale,
         }
 
     @classmethod
@@ -392,4 +586,5 @@ class OnlineController:
             decisions=int(state.get("decisions", 0)),
             switches=int(state.get("switches", 0)),
             rent=RentClock.from_state(state.get("rent")),
+            scale=check_scale(state.get("scale")) if branch == "ttl" else None,
         )

@@ -8,7 +8,8 @@ The protocol is documented in :mod:`service.wire.push`. This side:
 * answers each ``Hello`` and ``ResyncRequest`` with a full :class:`Snapshot` (the decision table
   in Redis plus the tier configuration), and sends every adapter a snapshot periodically;
 * feeds inbound :class:`ResidencyReport` deltas to the metrics, dropping duplicates by
-  ``(adapter_id, report_seq)``, and :class:`PlacementReport` deltas (a ``tenure-fs`` SSD
+  ``(adapter_id, report_seq)``, and their resume outcomes to ``on_resumes`` (the retention
+  controller prices them); :class:`PlacementReport` deltas (a ``tenure-fs`` SSD
   tier's bytes per tier and segment class, deletions, SSD use and wear) the same way.
 
 Redis or adapter failures never propagate: the loops log, count, back off and carry on.
@@ -39,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ from service.wire.push import (
     Message,
     PlacementReport,
     ResidencyReport,
+    ResumeOutcome,
     ResyncRequest,
     Snapshot,
     TierConfig,
@@ -65,9 +67,12 @@ from service.wire.push import (
     encode,
 )
 
-__all__ = ["PushServer"]
+__all__ = ["MAX_RESUMES_PER_REPORT", "PushServer"]
 
 log = logging.getLogger(__name__)
+
+#: Resume outcomes taken from one report (an adapter drains at most what one interval saw).
+MAX_RESUMES_PER_REPORT = 256
 
 #: An adapter silent for this many snapshot intervals is forgotten (it re-announces itself).
 _FORGET_AFTER_INTERVALS = 3
@@ -140,8 +145,11 @@ class PushServer:
         snapshot_interval_s: float,
         clock: Callable[[], float] = time.time,
         security: PushSecurity | None = None,
+        on_resumes: Callable[[Sequence[ResumeOutcome]], None] | None = None,
     ) -> None:
         self.addr = addr
+        #: Where a report's resume outcomes go (the retention controller's pricing).
+        self.on_resumes = on_resumes
         self.security = security or PushSecurity()
         self._auth: AsyncioAuthenticator | None = None
         self.store = store
@@ -323,6 +331,8 @@ class PushServer:
             peer.last_report_seq = message.report_seq
             peer.last_applied_seq = message.last_applied_seq
             self.metrics.record_counters(message)
+            if message.resumes and self.on_resumes is not None:
+                self.on_resumes(message.resumes[:MAX_RESUMES_PER_REPORT])
             self.metrics.record_gauges(message, peer.adapter_id)
             self.metrics.count_moves(peer.adapter_id, message.cold_sessions)
             await self._record_engine(peer.adapter_id, message, now)

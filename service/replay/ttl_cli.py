@@ -63,6 +63,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "controller's gain per cell across all of them (mean, sd, range, shortfalls)",
     )  # fmt: skip
     parser.add_argument("--trace", type=Path, default=None, help="Claude Code trace (human gaps)")
+    parser.add_argument(
+        "--claude-scaling", choices=("half", "pooled"), default="half",
+        help="claude-code: scale each half to W_ref by its own mean (default, issue 13's "
+        "family) or both halves by the pooled mean (one time unit)",
+    )  # fmt: skip
     parser.add_argument("--no-drift", action="store_true", help="skip the non-stationary day")
     parser.add_argument("--drift-replicates", default="3", help="replicates of the drift day")
     parser.add_argument("--json", type=Path, default=None, help="write results JSON here")
@@ -140,7 +145,7 @@ def _families(args: argparse.Namespace, w_ref: float) -> list[Any]:
                 f"(calibration + held-out) from {gaps.sessions} sessions of {trace}, raw mean "
                 f"{gaps.raw_mean_s:.0f} s, scaled to {w_ref:.0f} s"
             )
-            out.append(gaps.family(w_ref))
+            out.append(gaps.family(w_ref, args.claude_scaling))
         else:
             out.append(synthetic_family(name, w_ref))
     return out
@@ -230,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
             "calibration_samples": calib_n,
             "calibration_load": calib_load,
             "seed": seed,
+            "claude_scaling": args.claude_scaling,
             "online": {
                 "estimator": online.estimator,
                 "period_s": online.period_s,

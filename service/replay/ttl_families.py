@@ -112,9 +112,22 @@ class EmpiricalWaits:
     def raw_mean_s(self) -> float:
         return float(np.concatenate([self.calibration, self.heldout]).mean())
 
-    def family(self, w_ref_s: float) -> WaitFamily:
+    def family(self, w_ref_s: float, scaling: str = "half") -> WaitFamily:
+        """``scaling``: ``half`` scales each half to mean ``w_ref_s`` by its own mean (issue
+        13's family: the nominal load is exact in each half); ``pooled`` scales both by the
+        pooled mean (one time unit for calibration and held-out). On this heavy tail the
+        halves' means differ by 27% (1,048 vs 822 s raw, each dominated by a few gaps of
+        hours), so ``half`` stretches the held-out gaps 1.28 x against the calibration ones:
+        the halves' P(W > 3,600 s) of 7.4% vs 9.6% under ``half`` is 8.5% vs 8.5% under
+        ``pooled``."""
         pools = {"calibration": self.calibration, "heldout": self.heldout}
-        scales = {k: w_ref_s / float(v.mean()) for k, v in pools.items()}
+        if scaling == "pooled":
+            pooled = w_ref_s / self.raw_mean_s
+            scales = dict.fromkeys(pools, pooled)
+        elif scaling == "half":
+            scales = {k: w_ref_s / float(v.mean()) for k, v in pools.items()}
+        else:
+            raise ValueError(f"scaling must be 'half' or 'pooled', got {scaling!r}")
 
         def sample(n: int, rng: np.random.Generator, split: str) -> np.ndarray:
             pool = pools[split]

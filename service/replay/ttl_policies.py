@@ -6,10 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.policy.rate import RateEstimator, rate_lower_bound
-from service.policy.rent import RentClock, rent_budget
+from service.policy.rent import RentClock
 from service.policy.retention import alpha2
-from service.policy.retention_control import OneShotController, OnlineController, RetentionDecision
+from service.policy.retention_control import (
+    CalibratedTimer,
+    OneShotController,
+    OnlineController,
+    RetentionDecision,
+)
 from service.policy.retention_costs import RetentionModel
+from service.policy.retention_rule import scale_budget
 from service.replay.ttl_sim import RentLimit, RentTrace
 
 __all__ = ["LoadIndexedTimer", "OneShotPolicy", "OnlinePolicy"]
@@ -17,14 +23,15 @@ __all__ = ["LoadIndexedTimer", "OneShotPolicy", "OnlinePolicy"]
 
 @dataclass
 class OneShotPolicy:
-    """The seed's controller; with ``estimator``, lambda is estimated from the suspensions.
+    """A one-shot controller (the seed's, or the timer rule calibrated once); with
+    ``estimator``, lambda is estimated from the suspensions.
 
     ``repriced`` (with an estimator): a copy's timer is the rent clock's (re-priced at each
     suspension, :mod:`service.policy.rent`), as Tenure's sidecar does; without, it is
     ``t2`` at the estimate of its own suspension, fixed (the one-shot timer).
     """
 
-    controller: OneShotController
+    controller: OneShotController | CalibratedTimer
     estimator: RateEstimator | None = None
     #: Price with the estimate this many standard errors low (as the online controller).
     lambda_z: float = 0.0
@@ -44,9 +51,10 @@ class OneShotPolicy:
         m = self.controller.model
         self.rent.reprice(now, alpha2(lam, m.c2, m.w_ref_s, m.price.beta3))
         self.rent_trace.record(self.rent)
-        if self.controller.branch == "retain":
+        budget = scale_budget(m, self.controller.scale)
+        if budget is None:
             return None
-        return RentLimit(self.rent.limit_for(now, rent_budget(m.price)))
+        return RentLimit(self.rent.limit_for(now, budget))
 
     def on_resume(self, now: float, wait_s: float) -> None:
         return None

@@ -17,11 +17,11 @@ Adapter -> sidecar:
   * :class:`ResidencyReport` periodically: counter *deltas* since the previous report, plus
     current gauges. Reports carry their own per-adapter sequence so the sidecar can drop
     duplicates.
-  * :class:`PlacementReport` periodically from a ``tenure-fs`` SSD tier (its own DEALER,
-    :mod:`engine_adapter.placement_push`): bytes written per tier and segment class, bytes
-    kept off the SSD and deleted per class (deltas), SSD bytes and files in use, the write
-    rate and the projected device-years (gauges). Bounded: one counter per tier and class,
-    never per session; its own ``report_seq`` drops duplicates the same way. A sidecar that
+  * :class:`PlacementReport` periodically from a ``tenure-fs`` SSD tier (on its engine's one
+    connection, :mod:`engine_adapter.placement_push`): bytes written per tier and segment
+    class, bytes kept off the SSD and deleted per class (deltas), SSD bytes and files in use,
+    the write rate and the projected device-years (gauges). Bounded: one counter per tier and
+    class, never per session; its own ``report_seq`` drops duplicates the same way. A sidecar that
     predates it counts the frame as undecodable and carries on.
 
 Sidecar -> adapter:

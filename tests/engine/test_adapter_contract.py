@@ -154,7 +154,7 @@ def test_a_second_context_edit_gets_its_own_slots(kind: str) -> None:
     else:
         # The stock manager frees reclaimed chunks at the next store: all are evictable.
         assert policy.resident_blocks("S") == 0
-        assert set(policy._doomed) == set(policy.chunks)
+        assert set(policy.holdings.doomed) == set(policy.chunks)
 
 
 def test_a_store_vllm_could_not_place_survives_a_reclaim() -> None:

@@ -74,16 +74,16 @@ def check_books(manager) -> None:
     tenure = policy if isinstance(policy, TenureCachePolicy) else None
     if tenure is None:
         return
-    resident = [k for k in tenure.chunks if k in tenure._loc]
+    resident = [k for k in tenure.chunks if k in tenure.key_map.loc]
     # Under vLLM's stock manager an offer the manager dropped before evict() stays staged
     # until the next offer rolls it back; Tenure's manager rolls it back at once.
-    staged = [k for k in tenure._staged if k not in tenure.chunks]
+    staged = [k for k in tenure.holdings.staged if k not in tenure.chunks]
     if getattr(manager, "tenure", None) is not None:
         assert not staged
     assert tenure.tier.used == len(resident) + len(staged)
-    assert set(tenure.chunks) == set(resident) | set(tenure._doomed)
+    assert set(tenure.chunks) == set(resident) | set(tenure.holdings.doomed)
     for k in resident + staged:
-        seg, index = tenure._loc[k]
+        seg, index = tenure.key_map.loc[k]
         assert tenure.tier.is_resident(seg, index)
 
 
@@ -204,8 +204,8 @@ def test_per_session_tables_stay_bounded(monkeypatch):
             serve(manager, f"e{i}", [key(i, 0)], {"session_id": f"s{i}", "last_turn": True})
     for _ in range(1024):
         policy.poll()
-    assert len(policy._last_hint) <= 50 + 8
-    assert len(policy._ended) <= 50 + 8
+    assert len(policy.sessions.last_hint) <= 50 + 8
+    assert len(policy.sessions.ended) <= 50 + 8
     check_books(manager)
 
 

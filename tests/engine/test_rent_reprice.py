@@ -46,7 +46,7 @@ def _engine() -> tuple[Any, Any, Clock]:
     manager = tenure_manager(16)
     policy = manager.tenure
     clock = Clock()
-    policy._clock = policy._wall_clock = clock
+    policy.set_clocks(clock, clock)
     policy.resumes._wall = clock
     assert serve(manager, "r1", BLOCKS, {"session_id": SESSION, "turn": 1})
     assert policy.resident_blocks(SESSION) == len(BLOCKS)

@@ -40,6 +40,6 @@ def test_moved_session_is_cold_and_foreign_decisions_change_nothing():
         manager._policy.poll()
     assert b._policy.stats["decisions_foreign"] == 1
     assert dict(b._policy.tier.session_resident) == before
-    assert "t/only-a" not in b._policy._last_hint
+    assert "t/only-a" not in b._policy.sessions.last_hint
     assert a._policy.stats["decisions_foreign"] == 0
     assert "t/only-a" not in a._policy.tier.session_resident  # reclaimed where it lived

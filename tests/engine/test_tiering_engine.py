@@ -241,3 +241,46 @@ def test_bad_segment_input_is_counted_and_served(engines: Any, fs_root: Path) ->
     # vLLM exports the counts with its per-step stats (those of a step without outputs can
     # arrive late), so the exported counter trails the tier's own by at most the last few.
     assert 0 < metric(llm, "vllm:kv_offload_segment_errors") <= sum(errors.values())
+
+
+def test_the_tier_reports_on_its_engines_one_push_connection(engines: Any, tmp_path: Path) -> None:
+    """The tier's placement reports go out on the engine's one push connection (one peer, one
+    TCP connection from the engine's process), not on a socket of the tier's own."""
+    import psutil
+
+    from engine_adapter.push_client import PushClient
+    from service.wire.push import Hello, PlacementReport
+    from tests.engine.router_peer import RouterPeer
+
+    peer = RouterPeer()
+    try:
+        tier_config = {
+            "type": "tenure-fs", "root_dir": str(tmp_path), "n_read_threads": 1,
+            "n_write_threads": 1, "push_addr": peer.addr, "push_interval_s": 0.1,
+            "engine_id": "fs-e1",
+        }  # fmt: skip
+        llm = engines.get(
+            "lru", spec="TenureCPUTieringSpec", extra={"secondary_tiers": [tier_config]}
+        )
+        tier = live_manager(llm).secondary_tiers[0]
+        assert isinstance(tier.pusher, PushClient) and tier.pusher.policy is None
+        generate(llm, tokens(random.Random(7), 3 * BLOCK + 5), {})
+        dram = tier.block_size_bytes
+        assert peer.wait_for(
+            lambda: (
+                sum(
+                    sum(r.write_bytes.get("dram", {}).values())
+                    for r in peer.messages(PlacementReport)
+                )
+                >= 3 * dram
+            ),
+            timeout=30,
+        )
+        assert peer.messages(Hello) and {h.adapter_id for h in peer.messages(Hello)} == {"fs-e1"}
+        assert {r.adapter_id for r in peer.messages(PlacementReport)} == {"fs-e1"}
+        assert len(peer.identities()) == 1  # Hello and reports: one connection
+        mine = psutil.Process(os.getpid()).net_connections(kind="tcp")
+        assert sum(1 for c in mine if c.raddr and c.raddr.port == peer.port) == 1
+    finally:
+        engines.close()
+        peer.close()

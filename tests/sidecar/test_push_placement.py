@@ -1,5 +1,5 @@
-"""SSD-tier placement accounting over the push channel: the ``tenure-fs`` tier's reporter (the
-adapter's own :class:`PlacementPusher` thread, a real ZeroMQ DEALER) against a real sidecar.
+"""SSD-tier placement accounting over the push channel: the ``tenure-fs`` tier's reports on its
+engine's one :class:`PushClient` (a real ZeroMQ DEALER and thread) against a real sidecar.
 
 The tier's totals come from a source the test advances (the tier itself needs a vLLM engine:
 ``tests/engine/test_tiering_engine.py`` checks its totals against the bytes on disk).
@@ -7,12 +7,17 @@ The tier's totals come from a source the test advances (the tier itself needs a 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from typing import Any
 
 import httpx
+import psutil
 
-from engine_adapter.placement_push import PlacementPusher, PlacementTotals, placement_delta
+from engine_adapter.placement_push import PlacementTotals, placement_delta
+from engine_adapter.policy import TenureCachePolicy
+from engine_adapter.push_client import PushClient, engine_push_client
 from service.wire.push import Hello, PlacementReport, Snapshot
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
@@ -37,6 +42,14 @@ class Totals:
             return self.value
 
 
+def _pusher(addr: str, totals: Totals, adapter_id: str, interval_s: float) -> PushClient:
+    """A connection that carries only a tier's reports (vLLM's own manager over the tier)."""
+    client = PushClient(addr, None, adapter_id=adapter_id)
+    client.report_placement(totals, interval_s)
+    client.start()
+    return client
+
+
 def _metrics(server) -> str:
     with httpx.Client(base_url=server.url) as http:
         return http.get("/metrics").text
@@ -59,8 +72,7 @@ def test_tier_reports_reach_the_sidecar_metrics(sidecar_factory):
         ssd_used_bytes=6 * MIB, ssd_files=3, ssd_capacity_bytes=3_840_000_000_000,
         ssd_warranty_years=5.0, ssd_write_rate_bytes_per_s=1000.0, projected_device_years=2.0e5,
     )  # fmt: skip
-    pusher = PlacementPusher(addr, totals, adapter_id="e1-fs", interval_s=0.05)
-    pusher.start()
+    pusher = _pusher(addr, totals, "e1-fs", 0.05)
     try:
         a = {"adapter": "e1-fs"}
         wait_for(lambda: _placement(_metrics(server), "ssd_files", **a) == 3)
@@ -138,8 +150,7 @@ def test_reports_wait_for_a_sidecar_and_lose_nothing(sidecar_factory):
     addr = f"tcp://127.0.0.1:{free_port()}"
     totals = Totals()
     totals.set(write_bytes={("ssd", "lead"): 8 * MIB}, ssd_used_bytes=8 * MIB, ssd_files=4)
-    pusher = PlacementPusher(addr, totals, adapter_id="e3-fs", interval_s=0.05)
-    pusher.start()
+    pusher = _pusher(addr, totals, "e3-fs", 0.05)
     try:
         wait_for(lambda: pusher.counters["send_dropped"] >= 2)
         totals.set(write_bytes={("ssd", "lead"): 12 * MIB}, ssd_used_bytes=12 * MIB, ssd_files=6)
@@ -152,6 +163,48 @@ def test_reports_wait_for_a_sidecar_and_lose_nothing(sidecar_factory):
         )
     finally:
         pusher.stop()
+
+
+def _push_connections(port: int) -> int:
+    """This process's TCP connections to ``port`` (the sidecar's push server's)."""
+    return sum(
+        1
+        for c in psutil.Process(os.getpid()).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    )
+
+
+def test_one_engine_opens_one_connection_for_decisions_and_placement(sidecar_factory):
+    """Tenure's manager and the SSD tier of one engine share one push connection: one peer at
+    the sidecar, one TCP connection from the engine, while decisions come in and residency and
+    placement reports go out."""
+    port = free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    server = sidecar_factory(push_addr=addr, push_snapshot_interval_s=0.2)
+    spec: Any = type("Spec", (), {})()  # vLLM's offloading spec of the one engine
+    policy = TenureCachePolicy(cache_capacity=16)
+    totals = Totals()
+    totals.set(write_bytes={("ssd", "lead"): 2 * MIB}, ssd_used_bytes=2 * MIB, ssd_files=1)
+    # As the engine builds them: the manager's connection (spec.py), then the tier's (tiering.py).
+    client = engine_push_client(spec, addr, policy, adapter_id="e4", report_interval_s=0.05)
+    tier_client = engine_push_client(spec, addr, adapter_id="e4-fs")
+    tier_client.report_placement(totals, 0.05)
+    try:
+        assert tier_client is client
+        policy.stats["stores"] += 1  # something for the residency report to carry
+        a = {"adapter": "e4"}
+        wait_for(lambda: _placement(_metrics(server), "ssd_files", **a) == 1)
+        residency = 'tenure_push_messages_total{direction="in",kind="residency"}'
+        wait_for(lambda: _metric(_metrics(server), residency) >= 1)
+        wait_for(lambda: len(policy.inbox) >= 1)  # the sidecar's snapshots reach the policy
+        with httpx.Client(base_url=server.url) as http:
+            assert http.get("/healthz").json()["push_adapters"] == ["e4"]
+        assert _push_connections(port) == 1
+        assert client.counters["sent_PlacementReport"] >= 1
+        assert client.counters["sent_ResidencyReport"] >= 1
+        assert client.counters["snapshots"] >= 1 and "received_dropped" not in client.counters
+    finally:
+        client.stop()
 
 
 def test_delta_of_a_restarted_tier_clamps_to_zero():

@@ -112,6 +112,39 @@ def test_lambda_and_waits_come_from_the_stream_and_a_switch_is_logged(sidecar_fa
         assert 'tenure_retention_host_ttl_seconds{tenant="default"} -1.0' in metrics
 
 
+def test_the_opt_in_timer_rule_shows_its_choice_and_sample(sidecar_factory):
+    """``retention_rule=timer`` (issue 26, opt-in): the timer is the chosen scale x t2, and a
+    switch on the SRE's calibration sample is counted, logged and shown with that sample."""
+    server = sidecar_factory(retention_min_samples=10, retention_rule="timer")
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        patch = {"host_slots": 1, "w_ref_s": 10, "lambda_mode": "fixed",
+                 "lambda_fixed_per_s": 2.0}  # fmt: skip
+        assert _admin(http, "PATCH", "/admin/config", json=patch).status_code == 200
+        _sessions(http, ["pinned", "kept"])
+        scale = _tenant_view(http)["timer_scale"]
+        body = http.post("/v1/sessions/pinned/suspend").json()
+        t2 = host_ttl_seconds(2.0, PriceVector(0.0176, 0.02, 1.91), 1, 10)
+        assert t2 is not None and scale is not None
+        assert body["host_ttl_s"] == pytest.approx(scale * t2, rel=1e-6)
+        # Long waits under heavy congestion: the seed's rule chose retain here (the test
+        # above); the timer rule finds a timer that frees the slot cheaper than retain.
+        switches = _tenant_view(http)["switches"]
+        waits = {"waits_s": [scale * t2 * 1.5] * 50}
+        assert _admin(http, "POST", "/admin/waits", json=waits).status_code == 200
+        reply = _admin(http, "POST", "/admin/retention/decide", params={"tenant": "default"})
+        view = next(t for t in reply.json()["tenants"] if t["tenant"] == "default")
+        assert view["switches"] == switches + 1 and view["timer_scale"] != scale, view["reason"]
+        assert "switched" in view["reason"] and "calibration sample" in view["reason"]
+        assert view["choice"]["sample"]["source"] == "calibration"
+        assert view["choice"]["sample"]["n"] == 50
+        assert view["choice"]["cost"] < view["choice"]["cost_retain"]
+        body = http.post("/v1/sessions/kept/suspend").json()
+        assert body["host_ttl_s"] == pytest.approx(view["host_ttl_s"], rel=1e-6)
+        assert body["host_rent_limit"] is not None  # re-priced by the rent clock
+        line = 'tenure_retention_decisions_total{changed="true",tenant="default"}'
+        assert f"{line} {switches + 1:.1f}" in http.get("/metrics").text
+
+
 def test_only_the_lease_holder_decides(sidecar_factory):
     first = sidecar_factory(retention_lease_s=60)
     second = sidecar_factory(retention_lease_s=60)
@@ -222,7 +255,6 @@ def _control() -> tuple[RetentionControl, Metrics]:
         metrics.retention, tenants=["default"], clock=lambda: 0.0, knobs=RetentionKnobs(),
         owner="test",
     )  # fmt: skip
-    metrics.on_resumes = control.record_resumes
     return control, metrics
 
 
@@ -241,7 +273,8 @@ def test_reported_resume_outcomes_are_counted_per_branch_and_priced():
                       prompt_tokens=256, hbm_tokens=256),
         ResumeOutcome(tenant="mallory", branch="evil\nlabel", outcome="x" * 300),
     ]  # fmt: skip
-    metrics.record_counters(ResidencyReport(adapter_id="a", report_seq=1, at=0, resumes=outcomes))
+    # What the push server does with a report's outcomes (on_resumes, given at construction).
+    control.record_resumes(outcomes)
     registry = metrics.registry
 
     def sample(name: str, **labels: str) -> float:

@@ -10,11 +10,14 @@ For each configured tenant (seed 002, section 3.4; the decision core is
   ``retention_lease_s``) rebuilds the controller from those lists on every refresh, prices
   with lambda estimated from the suspension stream (or the SRE-pinned one: ``lambda_mode
   fixed`` in ``/admin/config``), and every ``retention_period_s`` re-chooses the branch with
-  the core's hysteresis. Until a tenant has ``retention_min_samples`` observed waits, the SRE's
-  calibration sample (``POST /admin/waits``), when there is one, is scored instead (the seed's
-  one-shot calibration as the prior). Each re-choice is logged (a change at INFO), counted
-  (``tenure_retention_decisions``) and kept with its reason (``GET /admin/retention``); a
-  change is pushed to the adapters at once (a fresh snapshot);
+  the core's hysteresis (``retention_rule``: ``branch``, the seed's retain-or-``t2``, by
+  default; ``timer``, opt-in, a rent-budget scale of ``t2``, issue 26). Until a tenant has
+  ``retention_min_samples`` observed waits, the SRE's calibration sample (``POST
+  /admin/waits``), when there is one, is scored instead (the seed's one-shot calibration as the
+  prior; the timer rule then keeps it, topping its own sample up to the window). Each
+  re-choice is logged (a change at INFO), counted (``tenure_retention_decisions``) and kept
+  with its reason (``GET /admin/retention``); a change is pushed to the adapters at once (a
+  fresh snapshot);
 * the holder keeps each tenant's rent clock (:class:`~service.policy.rent.RentClock`: the
   congestion rent ``alpha2(lambda)`` one host slot has accrued) in the tenant's view doc,
   loads it from there on every refresh and only moves it forward, re-priced at the lambda in
@@ -60,6 +63,7 @@ from service.policy.retention_control import (
     rechoose_branch,
 )
 from service.policy.retention_costs import Branch, RetentionModel
+from service.policy.retention_rule import timer_for_scale
 from service.settings import Settings
 from service.state.breaker import StateUnavailable
 from service.state.config import RuntimeConfig
@@ -134,6 +138,7 @@ class RetentionControl:
             estimator=k.estimator, period_s=k.period_s, margin=k.margin,
             min_samples=k.min_samples, window=k.window, initial_branch=INITIAL_BRANCH,
             pinned_lambda=config.lambda_fixed_per_s if config.lambda_mode == "fixed" else None,
+            rule=k.rule,
         )  # fmt: skip
 
     def view(self, tenant: str) -> TenantRetention:
@@ -147,6 +152,11 @@ class RetentionControl:
     def suspend_inputs(self, tenant: str, config: RuntimeConfig) -> tuple[Branch, float]:
         """The branch and lambda a suspension of ``tenant`` gets now."""
         return self.view(tenant).branch, self.lambda_in_use(tenant, config)[0]
+
+    def scale(self, tenant: str) -> float | None:
+        """``tenant``'s rent-budget scale (the retention rule's choice; ``None``: retain)."""
+        view = self.view(tenant)
+        return None if view.branch == "retain" else view.scale
 
     def rent(self, tenant: str) -> RentClock:
         """``tenant``'s rent clock as the lease holder last priced it."""
@@ -222,9 +232,15 @@ class RetentionControl:
         suspensions, resumes = await self.store.events(tenant)
         state = await self.store.get_state(tenant) or {}
         before = TenantRetention.from_doc(state)
+        # The timer rule takes the SRE's calibration sample as its prior (alone below
+        # min_samples own waits, then topping the own sample up to the window); the branch
+        # rule scores it below min_samples (``_calibrated``), and its ttl is always t2.
+        timer = settings.rule == "timer"
         ctl = OnlineController(
             model, settings, branch=before.branch, last_decision_at=before.decided_at,
             decisions=before.decisions, switches=before.switches,
+            scale=(before.scale if timer else 1.0) if before.branch == "ttl" else None,
+            prior_waits_s=tuple(calibration_waits) if timer else (),
         )  # fmt: skip
         for at in suspensions:
             ctl.observe_suspension(at)
@@ -234,9 +250,10 @@ class RetentionControl:
         now = self.clock()
         decision: RetentionDecision | None = None
         if force or ctl.due(now):
-            if len(ctl.waits) < settings.min_samples and calibration_waits:
+            if not timer and len(ctl.waits) < settings.min_samples and calibration_waits:
                 decision = self._calibrated(ctl, calibration_waits, now)
             else:
+                # The timer rule takes the calibration sample as its prior itself.
                 decision = ctl.decide(now)
         lam_lower = rate_lower_bound(ctl.estimator, now, settings.lambda_z)
         # The clock comes from the stored view, never from ``ctl`` (rebuilt from the window
@@ -263,6 +280,8 @@ class RetentionControl:
             rent_accrued=rent.accrued,
             rent_at=rent.at,
             rent_rate=rent.rate,
+            scale=ctl.scale,
+            choice=before.choice if decision is None or not decision.choice else decision.choice,
         )
         await self.store.put_state(tenant, asdict(view))
         self.views[tenant] = view
@@ -275,7 +294,8 @@ class RetentionControl:
 
     @staticmethod
     def _calibrated(ctl: OnlineController, waits: Sequence[float], now: float) -> RetentionDecision:
-        """Score the SRE's calibration sample while the tenant's own is too small."""
+        """The branch rule: score the SRE's calibration sample while the tenant's own is too
+        small."""
         assert ctl.branch is not None and ctl.waits is not None
         lam, source = ctl.lam(now)
         lam_source: Literal["estimated", "pinned"] = "pinned" if source == "pinned" else source
@@ -284,6 +304,7 @@ class RetentionControl:
             evaluator=ctl.settings.evaluator, lam_source=lam_source, seed=ctl.decisions,
         )  # fmt: skip
         ctl.branch = decision.branch
+        ctl.scale = None if decision.branch == "retain" else 1.0
         ctl.last_decision_at = now
         ctl.decisions += 1
         ctl.switches += int(decision.changed)
@@ -336,8 +357,10 @@ class RetentionControl:
     # --- outputs ------------------------------------------------------------------------------
 
     def host_ttl(self, tenant: str, config: RuntimeConfig) -> float | None:
-        branch, lam = self.suspend_inputs(tenant, config)
-        return None if branch == "retain" else self.model(config).t2(lam)
+        """The timer a suspension of ``tenant`` gets now at a constant price: the rule's
+        scale times ``t2`` (``None``: retained until resume)."""
+        _, lam = self.suspend_inputs(tenant, config)
+        return timer_for_scale(self.model(config), self.scale(tenant), lam)
 
     def push_state(self, config: RuntimeConfig) -> dict[str, RetentionState]:
         out: dict[str, RetentionState] = {}
@@ -392,11 +415,11 @@ def build_retention(
         period_s=settings.retention_period_s, min_samples=settings.retention_min_samples,
         margin=settings.retention_margin, estimator=settings.retention_estimator,
         window=settings.retention_window, lease_s=settings.retention_lease_s,
+        rule=settings.retention_rule,
     )  # fmt: skip
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     control = RetentionControl(
         RetentionStore(store, window=knobs.window), metrics.retention, tenants=tenants,
         clock=clock, knobs=knobs, owner=owner, on_change=on_change,
     )  # fmt: skip
-    metrics.on_resumes = control.record_resumes
     return control

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from service.metrics_retention import BRANCHES
 from service.policy.rent import RentClock
@@ -27,6 +27,8 @@ class RetentionKnobs:
     estimator: str = "changepoint:300"
     window: int = 2000
     lease_s: float = 30.0
+    #: ``branch`` (the seed's two branches) or ``timer`` (issue 26's rent-budget scale).
+    rule: Literal["branch", "timer"] = "branch"
 
 
 @dataclass(slots=True)
@@ -50,6 +52,11 @@ class TenantRetention:
     rent_accrued: float = 0.0
     rent_at: float | None = None
     rent_rate: float = 0.0
+    #: The retention rule's rent-budget scale (multiple of ``t2``) on the ttl branch; its
+    #: last choice (:meth:`~service.policy.retention_rule.TimerChoice.to_dict` with the
+    #: sample it was chosen on), ``None`` before the first scored decision.
+    scale: float | None = 1.0
+    choice: dict[str, Any] | None = None
 
     def rent(self) -> RentClock:
         return RentClock(self.rent_accrued, self.rent_at, self.rent_rate)
@@ -74,6 +81,13 @@ class TenantRetention:
                 setattr(view, name, float(value))
         if isinstance(doc.get("reason"), str):
             view.reason = doc["reason"]
+        scale = doc.get("scale", 1.0)
+        if view.branch == "retain":
+            view.scale = None
+        elif _number(scale) and math.isfinite(scale) and scale > 0:
+            view.scale = float(scale)
+        if isinstance(doc.get("choice"), dict):
+            view.choice = doc["choice"]
         view._load_rent(doc)
         return view
 

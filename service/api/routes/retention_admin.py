@@ -57,6 +57,12 @@ class TenantRetentionView(BaseModel):
     switches: int
     decided_at: float | None
     reason: str
+    #: The retention rule's rent-budget scale (``host_ttl_s`` is it times t2; null: retain).
+    timer_scale: float | None = None
+    #: The rule's last scored choice: the scale, its expected cost beside retain's and t2's,
+    #: the bootstrap sd, and ``sample`` (source ``observed`` or ``calibration``, size,
+    #: mean and quantiles of the waits it was chosen on). Null before the first one.
+    choice: dict[str, Any] | None = None
 
 
 class RetentionView(BaseModel):
@@ -114,6 +120,8 @@ def _view(control: RetentionControl, svc: Services) -> RetentionView:
                 switches=view.switches,
                 decided_at=view.decided_at,
                 reason=view.reason,
+                timer_scale=control.scale(tenant),
+                choice=view.choice,
             )
         )
     k = control.knobs

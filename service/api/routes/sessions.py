@@ -176,12 +176,13 @@ async def suspend_session(
         if record.state == "finished":
             raise _Conflict(f"session {session_id!r} is finished")
         # The tenant's online controller: its branch, its lambda, its share of C2, its rent
-        # clock (the re-priced timer's limit).
+        # clock (the re-priced timer's limit), and the retention rule's scale of t2.
         branch, lam = control.suspend_inputs(tenant.name, runtime.config)
         return lifecycle.on_suspend(
             now, expected_wait_s=request.expected_wait_s,
             retention=control.settings(runtime.config), estimated_lambda=lam, branch=branch,
             declared_retention_s=record.retention_s, rent=control.rent(tenant.name),
+            timer_scale=control.scale(tenant.name),
         )  # fmt: skip
 
     def extra(record: SessionRecord, update: SessionUpdate, now: float) -> None:
