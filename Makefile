@@ -15,8 +15,9 @@ lint: bootstrap
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, a missing page,
 # anchor or included file; the reference pages are generated from the code as it builds.
+# No --quiet: it drops the warnings --strict counts, and a broken link then passes.
 docs: bootstrap
-	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 # The home page and one reference page rendered by headless Chromium into docs/assets/shots/.
 docs-shots: bootstrap

@@ -220,7 +220,7 @@ def measure(policy_name: str, w: Workload) -> Measurement:
 
         driver = _Driver(LRUCachePolicy(cache_capacity=capacity), capacity, False, w.sessions)
     else:
-        from engine_adapter.policies import policy_class_for
+        from tenure.engine_adapter.policies import policy_class_for
 
         clock = _Clock()
         policy = policy_class_for(policy_name)(cache_capacity=capacity, clock=clock)
@@ -329,8 +329,8 @@ def plot_scaling(result: dict[str, Any], path: Path) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from service.errors import UsageError
-    from service.policy import UnknownPolicyError, policy_class
+    from tenure.service.errors import UsageError
+    from tenure.service.policy import UnknownPolicyError, policy_class
 
     try:
         policy_class(args.policy)

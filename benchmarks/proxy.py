@@ -16,7 +16,7 @@ alternating direct/proxied rounds so both sides see the same background load. ``
 the sidecar and its Redis a CPU (the last one) and the load generator and upstream the others,
 as in a deployment where the sidecar and its local state store have their own core (a Redis
 round trip is then a local hand-off, not a wake-up of another vCPU). ``--keep-cpus-awake``
-measures without the VM's vCPU wake-up cost (see :func:`benchmarks.cpus.awake_cpus`).
+measures without the VM's vCPU wake-up cost (see :func:`tenure.benchmarks.cpus.awake_cpus`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpus import awake_cpus
-from benchmarks.cpus import placement as cpu_placement
-from benchmarks.proxy_measure import ROUTES, measure
-from benchmarks.proxy_plot import plot_latency
-from service.processes import (
+from tenure.benchmarks.cpus import awake_cpus
+from tenure.benchmarks.cpus import placement as cpu_placement
+from tenure.benchmarks.proxy_measure import ROUTES, measure
+from tenure.benchmarks.proxy_plot import plot_latency
+from tenure.service.processes import (
     ManagedProcess,
     StackError,
     free_port,
@@ -104,7 +104,7 @@ def _process(
     cpus: set[int] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Start ``argv`` (its output in ``logs``), wait for ``port``, stop it (and its group)."""
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     managed = ManagedProcess(what, argv, logs / f"{what}-{port}.log", env or {}).start()
     assert managed.process is not None
@@ -125,7 +125,7 @@ def _process(
 
 
 def _versus_env(pairs: list[str]) -> dict[str, str]:
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     env: dict[str, str] = {}
     for pair in pairs:
@@ -162,7 +162,7 @@ def _side(side: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         # Before the run, not after minutes of it.
@@ -196,8 +196,15 @@ def run(args: argparse.Namespace) -> int:
                 **extra,
             }
 
-        upstream_argv = [sys.executable, "-m", "benchmarks.proxy_load", "--port"]
-        sidecar_argv = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
+        upstream_argv = [sys.executable, "-m", "tenure.benchmarks.proxy_load", "--port"]
+        sidecar_argv = [
+            sys.executable,
+            "-m",
+            "tenure.service.cli",
+            "serve",
+            "--log-level",
+            "warning",
+        ]
         placement = cpu_placement(args.pin)
         side_cpus, rest_cpus = placement if placement is not None else (None, None)
         saved_affinity = os.sched_getaffinity(0) if placement is not None else None

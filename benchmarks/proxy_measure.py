@@ -9,9 +9,9 @@ import argparse
 import json
 from typing import Any
 
-from benchmarks.cpus import cpu_seconds
-from benchmarks.proxy_load import run_load
-from benchmarks.stats import bucket_quantile, percentile
+from tenure.benchmarks.cpus import cpu_seconds
+from tenure.benchmarks.proxy_load import run_load
+from tenure.benchmarks.stats import bucket_quantile, percentile
 
 __all__ = ["ROUTES", "measure"]
 

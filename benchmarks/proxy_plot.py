@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import sorted_percentile
+from tenure.benchmarks.stats import sorted_percentile
 
 __all__ = ["plot_latency"]
 

@@ -29,8 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 async def _phase(store: Any, calls: int, concurrency: int) -> dict[str, float]:
-    from service.state.records import SessionUpdate
-    from service.wire.push import Decision
+    from tenure.service.state.records import SessionUpdate
+    from tenure.service.wire.push import Decision
 
     latencies: list[float] = []
     counter = iter(range(calls))
@@ -57,11 +57,11 @@ async def _phase(store: Any, calls: int, concurrency: int) -> dict[str, float]:
 
 
 async def _measure(group: Any, calls: int, concurrency: int) -> dict[str, Any]:
-    from service.state.breaker import Breaker
-    from service.state.keys import Keys
-    from service.state.records import SessionUpdate
-    from service.state.store import StateStore
-    from service.state.topology import RedisTopology, connect
+    from tenure.service.state.breaker import Breaker
+    from tenure.service.state.keys import Keys
+    from tenure.service.state.records import SessionUpdate
+    from tenure.service.state.store import StateStore
+    from tenure.service.state.topology import RedisTopology, connect
 
     topology = RedisTopology(url="redis://127.0.0.1:6379/0", sentinels=tuple(
         ("127.0.0.1", s.port) for s in group.sentinels), master_name=group.name)  # fmt: skip
@@ -89,7 +89,7 @@ async def _measure(group: Any, calls: int, concurrency: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.processes.redis_groups import SentinelGroup
+    from tenure.service.processes.redis_groups import SentinelGroup
 
     with tempfile.TemporaryDirectory() as tmp, SentinelGroup(Path(tmp)) as group:
         result = asyncio.run(_measure(group, args.calls, args.concurrency))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["configure", "measure"]
 
@@ -31,10 +31,10 @@ def _child(
     hardware: str,
     seed: int,
 ) -> None:
-    from service.replay.config import ReplayConfig
-    from service.replay.engine import simulate
-    from service.replay.hardware import get_profile
-    from service.replay.loaders import load_trace
+    from tenure.service.replay.config import ReplayConfig
+    from tenure.service.replay.engine import simulate
+    from tenure.service.replay.hardware import get_profile
+    from tenure.service.replay.loaders import load_trace
 
     start = time.perf_counter()
     trace = load_trace(Path(trace_path), fmt)
@@ -73,7 +73,7 @@ def measure(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from service.replay.paths import claude_code_trace
+    from tenure.service.replay.paths import claude_code_trace
 
     parser.add_argument(
         "--trace", type=Path, default=None, help=f"trace file (default: {claude_code_trace()})"
@@ -89,10 +89,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.errors import TraceError
-    from service.policy import UnknownPolicyError, policy_class
-    from service.replay.hardware import get_profile
-    from service.replay.paths import claude_code_trace
+    from tenure.service.errors import TraceError
+    from tenure.service.policy import UnknownPolicyError, policy_class
+    from tenure.service.replay.hardware import get_profile
+    from tenure.service.replay.paths import claude_code_trace
 
     trace = args.trace or claude_code_trace()
     if not trace.is_file():

@@ -18,8 +18,8 @@ from typing import Any
 import httpx2
 import openai
 
-from clients._core import SessionCore
-from clients.session import TenureSession
+from tenure.clients._core import SessionCore
+from tenure.clients.session import TenureSession
 
 __all__ = ["configure", "measure"]
 
@@ -90,7 +90,7 @@ def measure(calls: int = 200, rounds: int = 30) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     if args.calls < 10 or args.rounds < 1:
         raise UsageError("--calls must be >= 10 and --rounds >= 1")
@@ -112,7 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="python -m benchmarks.sdk", description=__doc__)
+    cli = argparse.ArgumentParser(prog="python -m tenure.benchmarks.sdk", description=__doc__)
     configure(cli)
     ns = cli.parse_args()
     raise SystemExit(ns.func(ns))

@@ -10,7 +10,13 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from clients._core import RetryPolicy, SessionCore, SessionState, lifecycle_base_url, new_session_id
+from tenure.clients._core import (
+    RetryPolicy,
+    SessionCore,
+    SessionState,
+    lifecycle_base_url,
+    new_session_id,
+)
 
 __all__ = ["DEFAULT_TIMEOUT", "SessionBase"]
 

@@ -19,7 +19,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from clients.errors import TenureLifecycleError, TenureUsageError
+from tenure.clients.errors import TenureLifecycleError, TenureUsageError
 
 __all__ = [
     "HEADER_EXPECTED_GAP_MS",

@@ -1,6 +1,6 @@
 """``AsyncTenureSession``: an agent session on ``openai.AsyncOpenAI`` or ``AsyncAnthropic``.
 
-All behaviour lives in :mod:`clients._core`; this module only performs the I/O it plans.
+All behaviour lives in :mod:`tenure.clients._core`; this module only performs the I/O it plans.
 This file is the one source of both twins: ``clients/session.py`` (the sync one) is generated
 from it by ``scripts/gen_sync_session.py`` (unasync), and a test checks the two agree.
 """
@@ -19,8 +19,8 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
-from clients._base import DEFAULT_TIMEOUT, SessionBase
-from clients._core import (
+from tenure.clients._base import DEFAULT_TIMEOUT, SessionBase
+from tenure.clients._core import (
     Answer,
     Exchange,
     LifecycleRequest,
@@ -29,7 +29,7 @@ from clients._core import (
     Sleep,
     exchange,
 )
-from clients.errors import TenureLifecycleError, TenureUsageError
+from tenure.clients.errors import TenureLifecycleError, TenureUsageError
 
 if TYPE_CHECKING:  # the anthropic client is optional (the ``clients`` extra installs it)
     from anthropic import AsyncAnthropic

@@ -7,7 +7,7 @@ KV on the host tier with a TTL fitted to that wait), and the resume resumes it. 
 re-runs an interrupted node from its start on resume, where ``interrupt`` returns the human's
 answer at once; the session is suspended only when the graph really pauses::
 
-    from clients.langgraph import interrupt
+    from tenure.clients.langgraph import interrupt
 
     def approve(state):
         answer = interrupt(session, {"question": "apply the patch?"}, expected_wait_s=600)
@@ -23,9 +23,9 @@ from typing import Any
 from langgraph.errors import GraphInterrupt
 from langgraph.types import interrupt as _langgraph_interrupt
 
-from clients.async_session import AsyncTenureSession
-from clients.errors import TenureLifecycleError
-from clients.session import TenureSession
+from tenure.clients.async_session import AsyncTenureSession
+from tenure.clients.errors import TenureLifecycleError
+from tenure.clients.session import TenureSession
 
 __all__ = ["ainterrupt", "interrupt"]
 

@@ -1,7 +1,7 @@
 """Settings for a small real vLLM engine on the CPU platform, with Tenure's offloading spec.
 
-Shared by ``tenure up`` (:mod:`service.stack`), the calibration and the engine tests: one place
-that knows the CPU build's quirks (see ``../shared/design/VLLM_SEAMS.md``). Plain data and
+Shared by ``tenure up`` (:mod:`tenure.service.stack`), the calibration and the engine tests: one
+place that knows the CPU build's quirks (see ``../shared/design/VLLM_SEAMS.md``). Plain data and
 argument lists: it imports neither vLLM nor the rest of the adapter.
 """
 

@@ -24,7 +24,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from engine_adapter.spec import TenureOffloadingSpec
+from tenure.engine_adapter.spec import TenureOffloadingSpec
 
 __all__ = ["CPUHostOffloadingSpec", "HostCopyWorker", "TenureCPUOffloadingSpec"]
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine_adapter.key_map import KeyMap, Loc
-from engine_adapter.sessions import Sessions
-from service.policy import EvictionClass, Run, Victim
+from tenure.engine_adapter.key_map import KeyMap, Loc
+from tenure.engine_adapter.sessions import Sessions
+from tenure.service.policy import EvictionClass, Run, Victim
 
 __all__ = ["Holdings"]
 

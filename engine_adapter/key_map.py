@@ -13,8 +13,8 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import EvictionClass, HostTier, Run, Victim
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import EvictionClass, HostTier, Run, Victim
 
 __all__ = ["KeyMap", "Loc", "merge_locs", "victim_keys"]
 

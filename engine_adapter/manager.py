@@ -2,7 +2,7 @@
 
 The stock manager asks its policy for victims without saying who is storing, frees chunks only
 inside a store, and never wakes the policy up on its own. This subclass, built by
-:class:`~engine_adapter.spec.TenureOffloadingSpec`, adds exactly that and nothing else:
+:class:`~tenure.engine_adapter.spec.TenureOffloadingSpec`, adds exactly that and nothing else:
 
 * the whole offer is put to the core's gate (with the storing request) before vLLM evicts, and
   a refused offer is refused outright;
@@ -31,8 +31,8 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-from engine_adapter.policy import TenureCachePolicy
-from engine_adapter.vllm_compat import (
+from tenure.engine_adapter.policy import TenureCachePolicy
+from tenure.engine_adapter.vllm_compat import (
     add_evictable_chunks,
     free_chunk,
     manager_policy,
@@ -222,7 +222,7 @@ class TenureOffloadingManager(CPUOffloadingManager):
         if tenure is None:
             return False
         # Step while a decision waits or a timer is due. An idle engine blocks on its input
-        # queue; the push thread wakes it when either happens (engine_adapter.wakeup).
+        # queue; the push thread wakes it when either happens (tenure.engine_adapter.wakeup).
         return tenure.has_work(time.monotonic())
 
     def reset_cache(self) -> None:

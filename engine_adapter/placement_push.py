@@ -1,9 +1,9 @@
 """The ``tenure-fs`` tier's placement accounting, reported over its engine's push connection.
 
 The tier does not open a connection of its own: it hands :meth:`PushClient.report_placement
-<engine_adapter.push_client.PushClient.report_placement>` the source of its totals, and the
-engine's one :class:`~engine_adapter.push_client.PushClient` (the same DEALER, id and CURVE
-keys that carry the sidecar's decisions) sends a :class:`~service.wire.push.PlacementReport`
+<tenure.engine_adapter.push_client.PushClient.report_placement>` the source of its totals, and the
+engine's one :class:`~tenure.engine_adapter.push_client.PushClient` (the same DEALER, id and CURVE
+keys that carry the sidecar's decisions) sends a :class:`~tenure.service.wire.push.PlacementReport`
 every ``interval_s``: counter deltas since the previous report (bytes written per tier and
 segment class, bytes kept off the SSD and deleted per class, files deleted) and the gauges (SSD
 bytes and files in use, write rate, projected device-years). Bounded by construction: the
@@ -11,7 +11,7 @@ counters are per tier and class, never per session.
 
 :class:`PlacementReports` is that reporting state (no socket, no thread). The push thread reads
 the tier's totals (:class:`PlacementTotals`, a copy taken by
-:meth:`engine_adapter.tiering.TenureFsTier.placement_totals`) and never touches the tier's
+:meth:`tenure.engine_adapter.tiering.TenureFsTier.placement_totals`) and never touches the tier's
 state otherwise; the engine never waits on it. With no sidecar connected a report is not
 queued (``IMMEDIATE``) and its deltas stay pending: the next report that goes out carries
 everything since the last one sent, so bytes are neither lost nor counted twice (the sidecar
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
-from service.wire.push import PlacementReport
+from tenure.service.wire.push import PlacementReport
 
 __all__ = [
     "PLACEMENT_COUNTERS",
@@ -41,7 +41,7 @@ _KEEPALIVE_REPORTS = 5
 class PlacementTotals:
     """Cumulative placement counters of one tier and its current gauges.
 
-    The fields of a :class:`~service.wire.push.PlacementReport` less its envelope
+    The fields of a :class:`~tenure.service.wire.push.PlacementReport` less its envelope
     (``adapter_id``, ``report_seq``, ``at``), by the same names: the counters are totals here
     and deltas there (``write_bytes`` keyed ``(tier, class)`` here, ``tier -> class`` there),
     the gauges are copied by name (:data:`PLACEMENT_GAUGES`).
@@ -111,8 +111,8 @@ def _changed(report: PlacementReport) -> bool:
 class PlacementReports:
     """One tier's placement reports on a push connection: what was last sent, and when next.
 
-    Driven by the connection's thread (:class:`~engine_adapter.push_client.PushClient`): every
-    poll tick it asks :meth:`due`; a due report is built by :meth:`next` and, when the send
+    Driven by the connection's thread (:class:`~tenure.engine_adapter.push_client.PushClient`):
+    every poll tick it asks :meth:`due`; a due report is built by :meth:`next` and, when the send
     failed, given back with :meth:`unsent` so its deltas go out with the next one.
     """
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from engine_adapter.policy import TenureCachePolicy
-from engine_adapter.policy_names import VLLM_BUILTINS, class_name_for, vllm_name_for
+from tenure.engine_adapter.policy import TenureCachePolicy
+from tenure.engine_adapter.policy_names import VLLM_BUILTINS, class_name_for, vllm_name_for
 
 __all__ = ["VLLM_BUILTINS", "class_name_for", "policy_class_for", "vllm_name_for"]
 
@@ -23,7 +23,7 @@ def policy_class_for(core_name: str) -> type[TenureCachePolicy]:
 
 
 def __getattr__(name: str) -> type[TenureCachePolicy]:
-    from service.policy import policy_names
+    from tenure.service.policy import policy_names
 
     for core_name in policy_names():
         if class_name_for(core_name) == name:

@@ -5,7 +5,7 @@ sessions and segments (runs of blocks). This class keeps the map between the two
 vLLM-side facts the core does not model (chunk handles, transfer pins):
 
 * every resident key has one *owner location* ``(segment, block index)`` in the core's
-  :class:`~service.policy.tier.HostTier`; the index comes from the key's token position, so a
+  :class:`~tenure.service.policy.tier.HostTier`; the index comes from the key's token position, so a
   session's context maps to a few long runs and the core's cost grows with sessions, not blocks;
 * keys reused by other sessions (shared prefixes) are reference-counted: when the owner's blocks
   are reclaimed (last turn, host TTL) a live sharer inherits them instead of losing them;
@@ -14,21 +14,21 @@ vLLM-side facts the core does not model (chunk handles, transfer pins):
   yet); staged keys are admitted by the core and about to be inserted by vLLM.
 
 A store is decided once, for the whole offer, before vLLM asks for victims:
-:meth:`begin_store` (called by :class:`~engine_adapter.manager.TenureOffloadingManager`, or by
-``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
+:meth:`begin_store` (called by :class:`~tenure.engine_adapter.manager.TenureOffloadingManager`, or
+by ``on_store_miss`` under vLLM's stock manager) runs the core's gate; ``evict`` then hands vLLM the
 chosen victims, or ``None`` to refuse the store. Everything runs on EngineCore's scheduler
 thread; the push-channel thread only appends to :attr:`inbox`.
 
 The policy is composed of parts with one job each, each owning its fields, built in
 :meth:`TenureCachePolicy._build` and passed to each other (no part knows the ones above it):
 
-* :class:`~engine_adapter.key_map.KeyMap`: the key <-> (segment, index) map;
-* :class:`~engine_adapter.sessions.Sessions`: the per-session tables the parts share;
-* :class:`~engine_adapter.holdings.Holdings`: vLLM's chunks (pinned, doomed, staged, shared);
-* :class:`~engine_adapter.pushed.Pushed`: the sidecar's decisions and the core's timers;
-* :class:`~engine_adapter.requests.Requests`: request starts and session inference;
-* :class:`~engine_adapter.store_gate.StoreGate`: one decision per offer;
-* :class:`~engine_adapter.stock_path.StockPath`: vLLM's stock-manager calls.
+* :class:`~tenure.engine_adapter.key_map.KeyMap`: the key <-> (segment, index) map;
+* :class:`~tenure.engine_adapter.sessions.Sessions`: the per-session tables the parts share;
+* :class:`~tenure.engine_adapter.holdings.Holdings`: vLLM's chunks (pinned, doomed, staged, shared);
+* :class:`~tenure.engine_adapter.pushed.Pushed`: the sidecar's decisions and the core's timers;
+* :class:`~tenure.engine_adapter.requests.Requests`: request starts and session inference;
+* :class:`~tenure.engine_adapter.store_gate.StoreGate`: one decision per offer;
+* :class:`~tenure.engine_adapter.stock_path.StockPath`: vLLM's stock-manager calls.
 
 What stays here is the ``CachePolicy`` surface that composes them. The per-offer loops
 (``begin_store``, ``on_request_finished``, ``evict``) bind the map's tables to locals instead of
@@ -51,18 +51,18 @@ from typing import Any, ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
-from engine_adapter.holdings import Holdings
-from engine_adapter.key_map import KeyMap, Loc, merge_locs
-from engine_adapter.pushed import Pushed
-from engine_adapter.rent_timers import RentTimers
-from engine_adapter.requests import Requests
-from engine_adapter.resumes import ResumeTracker
-from engine_adapter.sessions import Sessions
-from engine_adapter.stock_path import StockPath
-from engine_adapter.store_gate import StoreGate
-from engine_adapter.vllm_compat import core_params
-from service.policy import HostTier, Run, TierPolicy, create_policy
-from service.wire.push import Decision, Snapshot
+from tenure.engine_adapter.holdings import Holdings
+from tenure.engine_adapter.key_map import KeyMap, Loc, merge_locs
+from tenure.engine_adapter.pushed import Pushed
+from tenure.engine_adapter.rent_timers import RentTimers
+from tenure.engine_adapter.requests import Requests
+from tenure.engine_adapter.resumes import ResumeTracker
+from tenure.engine_adapter.sessions import Sessions
+from tenure.engine_adapter.stock_path import StockPath
+from tenure.engine_adapter.store_gate import StoreGate
+from tenure.engine_adapter.vllm_compat import core_params
+from tenure.service.policy import HostTier, Run, TierPolicy, create_policy
+from tenure.service.wire.push import Decision, Snapshot
 
 __all__ = ["TenureCachePolicy"]
 

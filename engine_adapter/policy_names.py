@@ -1,6 +1,6 @@
 """The names under which core policies are registered in vLLM: plain strings, no vLLM import.
 
-Apart from :mod:`engine_adapter.policies` (which builds the classes and imports vLLM), so a
+Apart from :mod:`tenure.engine_adapter.policies` (which builds the classes and imports vLLM), so a
 launcher that only writes an engine's command line (``tenure up``) need not import vLLM: that
 import takes 5-13 s on a 2-core VM, on the same cores the engine it launches starts on.
 """

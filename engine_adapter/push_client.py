@@ -1,6 +1,6 @@
 """The adapter end of the push channel: a background thread inside EngineCore.
 
-Protocol: :mod:`service.wire.push` (a ZeroMQ DEALER here, the sidecar's ROUTER there). The
+Protocol: :mod:`tenure.service.wire.push` (a ZeroMQ DEALER here, the sidecar's ROUTER there). The
 thread owns the socket and the sequence bookkeeping; it never touches the policy's state. It
 hands decisions and snapshots to the scheduler thread through the policy's ``inbox`` (a deque),
 and reads counters the scheduler thread writes, so the engine never waits on the channel:
@@ -14,7 +14,7 @@ and reads counters the scheduler thread writes, so the engine never waits on the
 * ``ResidencyReport`` every ``report_interval_s``: counter deltas since the previous report
   (stores, refusals, evictions by class, loads, bytes) and gauges (resident bytes, sessions);
 * ``PlacementReport`` from the engine's ``tenure-fs`` SSD tier, when it has one
-  (:meth:`PushClient.report_placement`, :mod:`engine_adapter.placement_push`).
+  (:meth:`PushClient.report_placement`, :mod:`tenure.engine_adapter.placement_push`).
 
 One engine has one connection (:func:`engine_push_client`: one socket, one thread, one id,
 kept on vLLM's offloading spec), whoever in the engine reports over it: Tenure's manager with
@@ -24,7 +24,7 @@ its policy, the SSD tier, or both. A connection without a policy (vLLM's own man
 With no sidecar, sends are dropped (``IMMEDIATE``: nothing queues for a peer that is not
 there), decisions already received keep applying, and untagged traffic runs tags-off.
 
-Security (the threat model is in :mod:`service.push.server`): with the sidecar's CURVE public
+Security (the threat model is in :mod:`tenure.service.push.server`): with the sidecar's CURVE public
 key (``server_key``, env ``TENURE_PUSH_SERVER_KEY``) the channel is encrypted and only the
 holder of the matching secret key can pose as the sidecar and push decisions; the adapter's own
 key pair (``client_secret_key``, env ``TENURE_PUSH_CLIENT_SECRET_KEY``; a fresh one when
@@ -46,11 +46,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine_adapter.placement_push import PlacementReports, PlacementTotals
-from engine_adapter.policy import TenureCachePolicy
-from engine_adapter.push_socket import run_connected
-from engine_adapter.settings import CLIENT_SECRET_ENV, SERVER_KEY_ENV, adapter_env
-from service.wire.push import (
+from tenure.engine_adapter.placement_push import PlacementReports, PlacementTotals
+from tenure.engine_adapter.policy import TenureCachePolicy
+from tenure.engine_adapter.push_socket import run_connected
+from tenure.engine_adapter.settings import CLIENT_SECRET_ENV, SERVER_KEY_ENV, adapter_env
+from tenure.service.wire.push import (
     Decision,
     Hello,
     Message,

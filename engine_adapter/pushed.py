@@ -3,10 +3,10 @@
 The push-channel thread only appends to ``inbox``; :meth:`Pushed.poll` applies it on
 the engine thread once per step. Decision times are Unix seconds on the wire: converted here
 with the wall clock the policy was given (never read inside the core). Blocks the core drops
-outside a store (reclaim, TTL) go to :meth:`~engine_adapter.holdings.Holdings.drop_victims`.
+outside a store (reclaim, TTL) go to :meth:`~tenure.engine_adapter.holdings.Holdings.drop_victims`.
 
-Re-priced host timers (:mod:`engine_adapter.rent_timers`): a suspension whose decision carries
-``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
+Re-priced host timers (:mod:`tenure.engine_adapter.rent_timers`): a suspension whose decision
+carries ``host_rent_limit`` expires when its tenant's rent clock reaches the limit; every snapshot
 brings the clocks, and a held copy whose timer moved by more than max(1 s, 1%) is re-hinted
 (stat ``ttl_repriced``). Without a clock for the tenant (an older sidecar) the decision's own
 ``host_ttl_s`` applies, as before.
@@ -19,12 +19,12 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable
 
-from engine_adapter.holdings import Holdings
-from engine_adapter.rent_timers import Held, RentTimers, moved, tenant_of, valid_limit
-from engine_adapter.resumes import ResumeTracker
-from engine_adapter.sessions import Sessions
-from service.policy import SessionHint, TierPolicy
-from service.wire.push import Decision, Snapshot
+from tenure.engine_adapter.holdings import Holdings
+from tenure.engine_adapter.rent_timers import Held, RentTimers, moved, tenant_of, valid_limit
+from tenure.engine_adapter.resumes import ResumeTracker
+from tenure.engine_adapter.sessions import Sessions
+from tenure.service.policy import SessionHint, TierPolicy
+from tenure.service.wire.push import Decision, Snapshot
 
 __all__ = ["Pushed"]
 

@@ -1,12 +1,12 @@
 """Re-priced host timers at the adapter: each tenant's rent clock and its held copies' limits.
 
 The sidecar gives a suspension on the ttl branch a limit on its tenant's rent clock
-(:class:`~service.policy.rent.RentClock`, the congestion rent one host slot has accrued) and
-pushes the clock in every snapshot (:class:`~service.wire.push.RetentionState`). The copy
+(:class:`~tenure.service.policy.rent.RentClock`, the congestion rent one host slot has accrued) and
+pushes the clock in every snapshot (:class:`~tenure.service.wire.push.RetentionState`). The copy
 expires when the clock reaches the limit, so its timer is ``clock.remaining(limit, now)``: a
 higher rate (more congestion) brings the expiry closer, a lower one moves it away, zero keeps
 the copy until resume unless the price rises. This module keeps the clocks (as of the
-snapshot that brought them) and the held copies (bounded); :mod:`engine_adapter.pushed`
+snapshot that brought them) and the held copies (bounded); :mod:`tenure.engine_adapter.pushed`
 applies the timers to the core. Engine thread only. Pure arithmetic comes from the core.
 """
 
@@ -17,8 +17,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from service.policy.rent import RentClock
-from service.wire.push import Decision, RetentionState
+from tenure.service.policy.rent import RentClock
+from tenure.service.wire.push import Decision, RetentionState
 
 __all__ = ["Held", "RentTimers", "moved", "tenant_of", "valid_limit"]
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from engine_adapter.holdings import Holdings
-from engine_adapter.key_map import Loc
-from engine_adapter.pushed import Pushed
-from engine_adapter.resumes import ResumeTracker
-from engine_adapter.sessions import Sessions
-from engine_adapter.tags import RequestTags, parse_tags
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import SessionHint
+from tenure.engine_adapter.holdings import Holdings
+from tenure.engine_adapter.key_map import Loc
+from tenure.engine_adapter.pushed import Pushed
+from tenure.engine_adapter.resumes import ResumeTracker
+from tenure.engine_adapter.sessions import Sessions
+from tenure.engine_adapter.tags import RequestTags, parse_tags
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import SessionHint
 
 __all__ = ["RequestInfo", "Requests"]
 

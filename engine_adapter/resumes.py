@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from engine_adapter.vllm_compat import offload_key_positions
-from service.wire.push import ResumeOutcome
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.wire.push import ResumeOutcome
 
 __all__ = ["ResumeTracker"]
 

@@ -1,10 +1,10 @@
 """Which SSD-tier files belong to which live segment, decided per request from its tags.
 
 The engine-side half of placement, with no vLLM import (the tier in
-:mod:`engine_adapter.tiering` feeds it): each request's ``kv_transfer_params.tenure`` (session
-tags plus the segment wire format of :mod:`service.wire.segments`) opens and closes
-segments in a core :class:`~service.policy.segments.SegmentTable`; each block offered to the SSD
-tier is classified by the segment its tokens fall in and admitted or refused by the core
+:mod:`tenure.engine_adapter.tiering` feeds it): each request's ``kv_transfer_params.tenure``
+(session tags plus the segment wire format of :mod:`tenure.service.wire.segments`) opens and closes
+segments in a core :class:`~tenure.service.policy.segments.SegmentTable`; each block offered to the
+SSD tier is classified by the segment its tokens fall in and admitted or refused by the core
 placement policy; every admitted file is referenced by the segment rows that use it, and a file
 is deleted when its last referencing segment closes.
 
@@ -22,9 +22,9 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapter.tags import parse_tags
-from service.policy.placement import PlacementPolicy, Route, WorkerSlot, fast_workers
-from service.policy.segments import (
+from tenure.engine_adapter.tags import parse_tags
+from tenure.service.policy.placement import PlacementPolicy, Route, WorkerSlot, fast_workers
+from tenure.service.policy.segments import (
     Segment,
     SegmentClass,
     SegmentError,
@@ -32,7 +32,7 @@ from service.policy.segments import (
     SessionRole,
     segment_key,
 )
-from service.wire.segments import SegmentTags, SegmentWireError, parse_segment_tags
+from tenure.service.wire.segments import SegmentTags, SegmentWireError, parse_segment_tags
 
 __all__ = ["UNTAGGED", "SegmentBook"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from service.policy import SessionHint
+from tenure.service.policy import SessionHint
 
 __all__ = ["Sessions"]
 
@@ -13,9 +13,10 @@ __all__ = ["Sessions"]
 class Sessions:
     """Which sessions this engine holds, which ended, and the hint each last gave the core.
 
-    Filled by :class:`~engine_adapter.requests.Requests` (request starts) and
-    :class:`~engine_adapter.pushed.Pushed` (the sidecar's decisions); read by
-    :class:`~engine_adapter.holdings.Holdings` (a reclaimed block goes to a live sharer only).
+    Filled by :class:`~tenure.engine_adapter.requests.Requests` (request starts) and
+    :class:`~tenure.engine_adapter.pushed.Pushed` (the sidecar's decisions); read by
+    :class:`~tenure.engine_adapter.holdings.Holdings` (a reclaimed block goes to a live sharer
+    only).
     """
 
     #: Sessions that sent a request to this engine: with several engines behind a router

@@ -9,7 +9,7 @@ path) and a Tenure policy with ``"eviction_policy": "tenure"``. Keys it reads fr
 * ``tenure_policy_params`` — explicit core-policy parameters (e.g. ``{"overdue_slack_s": 10}``).
 * ``tenure_report_interval_s`` / ``tenure_hello_interval_s`` — push-channel cadence.
 
-The worker side is the stock one (CUDA / XPU); :mod:`engine_adapter.cpu_spec` swaps in a
+The worker side is the stock one (CUDA / XPU); :mod:`tenure.engine_adapter.cpu_spec` swaps in a
 host-copy worker for vLLM's CPU platform.
 """
 
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.kv_offload.base import OffloadingManager
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from engine_adapter.manager import TenureOffloadingManager
-from engine_adapter.policy import TenureCachePolicy
-from engine_adapter.settings import ENGINE_ID_ENV, PUSH_ADDR_ENV, adapter_env
-from engine_adapter.vllm_compat import set_spec_manager, spec_manager
+from tenure.engine_adapter.manager import TenureOffloadingManager
+from tenure.engine_adapter.policy import TenureCachePolicy
+from tenure.engine_adapter.settings import ENGINE_ID_ENV, PUSH_ADDR_ENV, adapter_env
+from tenure.engine_adapter.vllm_compat import set_spec_manager, spec_manager
 
 if TYPE_CHECKING:
-    from engine_adapter.push_client import PushClient
+    from tenure.engine_adapter.push_client import PushClient
 
 __all__ = ["ENGINE_ID_ENV", "PUSH_ADDR_ENV", "TenureOffloadingSpec"]
 
@@ -60,8 +60,8 @@ class TenureOffloadingSpec(CPUOffloadingSpec):
         push: Callable[[TenureCachePolicy], PushClient] | None = None
         if addr:
             # Imported only with a channel: an engine without one loads no ZeroMQ.
-            from engine_adapter.push_client import engine_push_client
-            from engine_adapter.wakeup import find_engine_waker
+            from tenure.engine_adapter.push_client import engine_push_client
+            from tenure.engine_adapter.wakeup import find_engine_waker
 
             def push(policy: TenureCachePolicy) -> PushClient:
                 engine_id = extra.get("tenure_engine_id") or env.engine_id

@@ -1,6 +1,6 @@
 """vLLM's calls that carry no decision of their own: ``insert`` and ``on_store_miss``.
 
-Under :class:`~engine_adapter.manager.TenureOffloadingManager` every insert was decided by
+Under :class:`~tenure.engine_adapter.manager.TenureOffloadingManager` every insert was decided by
 ``begin_store``. Under vLLM's stock manager the policy sees an offer only piecewise (the new
 misses at ``on_store_miss``, what vLLM protects at ``evict``, a store that needs no room only at
 ``insert``): this part rebuilds the offer and its request from what vLLM reported, and has the
@@ -16,9 +16,9 @@ from typing import Any
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine_adapter.store_gate import StoreGate
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import EvictionClass
+from tenure.engine_adapter.store_gate import StoreGate
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import EvictionClass
 
 __all__ = ["RECENT_REQUESTS", "StockPath"]
 

@@ -13,16 +13,16 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine_adapter.holdings import Holdings
-from engine_adapter.key_map import Loc, merge_locs, victim_keys
-from engine_adapter.requests import Requests
-from engine_adapter.vllm_compat import offload_key_positions
-from service.policy import EvictionClass, Run
+from tenure.engine_adapter.holdings import Holdings
+from tenure.engine_adapter.key_map import Loc, merge_locs, victim_keys
+from tenure.engine_adapter.requests import Requests
+from tenure.engine_adapter.vllm_compat import offload_key_positions
+from tenure.service.policy import EvictionClass, Run
 
 __all__ = ["StoreGate", "UndecidedOffer"]
 
 #: The offer behind a bare ``evict(n, protected)`` and its request (vLLM's stock manager
-#: decides no offer beforehand: :meth:`~engine_adapter.stock_path.StockPath.stashed_offer`).
+#: decides no offer beforehand: :meth:`~tenure.engine_adapter.stock_path.StockPath.stashed_offer`).
 UndecidedOffer = Callable[[int, set[OffloadKey]], tuple[list[OffloadKey], ReqContext | None]]
 
 

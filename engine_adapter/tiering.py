@@ -7,7 +7,7 @@ it actually writes. :class:`TenureFsTier` is the stock ``fs`` tier
 with three additions, all through the ``SecondaryTierManager`` interface (no fork):
 
 * **admission** — each offered block is classified by the segment its tokens fall in (the
-  request's ``kv_transfer_params.tenure``, :mod:`service.wire.segments`; the position of a
+  request's ``kv_transfer_params.tenure``, :mod:`tenure.service.wire.segments`; the position of a
   key is the scheduler's ``ReqContext.get_offload_key_position``) and written only if the core
   placement policy routes its class to the SSD tier: reasoning and reviewers never are, nor are
   the workers the predictive path keeps in the fast tier;
@@ -31,9 +31,9 @@ Configure it as a secondary tier (the plugin registers the type, no ``module_pat
 
 With a push address (``"push_addr"`` in the tier's entry, or env ``TENURE_PUSH_ADDR``) the
 tier also reports the same accounting to the sidecar over its engine's one push connection
-(:func:`~engine_adapter.push_client.engine_push_client`, shared with Tenure's manager when the
-engine has one; :mod:`engine_adapter.placement_push`, every ``push_interval_s``, default 1 s),
-under ``engine_id`` (env ``TENURE_ENGINE_ID``, the id ``TENURE_PUSH_ENGINE_IDS`` lists at the
+(:func:`~tenure.engine_adapter.push_client.engine_push_client`, shared with Tenure's manager when
+the engine has one; :mod:`tenure.engine_adapter.placement_push`, every ``push_interval_s``, default
+1 s), under ``engine_id`` (env ``TENURE_ENGINE_ID``, the id ``TENURE_PUSH_ENGINE_IDS`` lists at the
 sidecar; default: host, pid and a random suffix); the sidecar exports it as
 ``tenure_placement_*`` metrics. ``"push_addr": ""`` turns it off.
 
@@ -62,14 +62,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
-from engine_adapter.placement_push import PlacementTotals
-from engine_adapter.push_client import PushClient, engine_push_client
-from engine_adapter.segment_book import UNTAGGED, SegmentBook
-from engine_adapter.settings import adapter_env
-from engine_adapter.tiering_names import METRICS, TIER_TYPE
-from engine_adapter.tiering_stats import metric_definitions, placement_totals
-from service.policy.endurance import Endurance, WriteRateMeter
-from service.policy.placement import UnknownPlacementError, create_placement
+from tenure.engine_adapter.placement_push import PlacementTotals
+from tenure.engine_adapter.push_client import PushClient, engine_push_client
+from tenure.engine_adapter.segment_book import UNTAGGED, SegmentBook
+from tenure.engine_adapter.settings import adapter_env
+from tenure.engine_adapter.tiering_names import METRICS, TIER_TYPE
+from tenure.engine_adapter.tiering_stats import metric_definitions, placement_totals
+from tenure.service.policy.endurance import Endurance, WriteRateMeter
+from tenure.service.policy.placement import UnknownPlacementError, create_placement
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (

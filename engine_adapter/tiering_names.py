@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine_adapter.segment_book import UNTAGGED
-from service.policy.segments import SegmentClass
+from tenure.engine_adapter.segment_book import UNTAGGED
+from tenure.service.policy.segments import SegmentClass
 
 __all__ = ["CLASS_LABELS", "METRICS", "TIER_TYPE"]
 

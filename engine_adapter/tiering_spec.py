@@ -6,9 +6,9 @@ secondary tier's store copies a chunk's bytes out of it), the worker copies KV b
 engine and it. Its worker is the stock CUDA ``CPUOffloadingWorker``, which refuses the CPU
 platform in ``get_worker`` ("CPU Offloading is currently only supported on CUDA-alike and XPU
 GPUs"). That is the only obstacle: :class:`TenureCPUTieringSpec` overrides ``get_worker`` with
-the host-copy worker of :mod:`engine_adapter.cpu_spec`, whose host pool is the shared region's
-per-chunk views (exactly the layout ``CPUOffloadingWorker`` uses: one row per chunk, each KV
-tensor's page at its offset), so the scheduler, the primary tier and every secondary tier are
+the host-copy worker of :mod:`tenure.engine_adapter.cpu_spec`, whose host pool is the shared
+region's per-chunk views (exactly the layout ``CPUOffloadingWorker`` uses: one row per chunk, each
+KV tensor's page at its offset), so the scheduler, the primary tier and every secondary tier are
 the stock code. A test and CPU-deployment helper: on GPU hosts use ``TieringOffloadingSpec``.
 
 Select it with ``"spec_name": "TenureCPUTieringSpec"`` (registered by the plugin) and the
@@ -22,8 +22,8 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from engine_adapter.cpu_spec import HostCopyWorker
-from engine_adapter.vllm_compat import engine_id
+from tenure.engine_adapter.cpu_spec import HostCopyWorker
+from tenure.engine_adapter.vllm_compat import engine_id
 
 __all__ = ["SharedRegionHostCopyWorker", "TenureCPUTieringSpec"]
 

@@ -1,6 +1,6 @@
 """The ``tenure-fs`` tier's vLLM metric definitions and the copy of its totals it pushes.
 
-Kept beside :mod:`engine_adapter.tiering` so the tier module stays one job (admission,
+Kept beside :mod:`tenure.engine_adapter.tiering` so the tier module stays one job (admission,
 deletion, accounting); these two read its state only.
 """
 
@@ -16,10 +16,10 @@ from vllm.v1.kv_offload.base import (
     OffloadingMetricMetadata,
 )
 
-from engine_adapter.placement_push import PlacementTotals
-from engine_adapter.tiering_names import METRICS
-from service.policy.endurance import Endurance, WriteRateMeter
-from service.policy.placement import PlacementPolicy
+from tenure.engine_adapter.placement_push import PlacementTotals
+from tenure.engine_adapter.tiering_names import METRICS
+from tenure.service.policy.endurance import Endurance, WriteRateMeter
+from tenure.service.policy.placement import PlacementPolicy
 
 __all__ = ["TierState", "metric_definitions", "placement_totals"]
 
@@ -65,7 +65,8 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
 
 
 class TierState(Protocol):
-    """What :func:`placement_totals` reads of a :class:`~engine_adapter.tiering.TenureFsTier`."""
+    """What :func:`placement_totals` reads of a
+    :class:`~tenure.engine_adapter.tiering.TenureFsTier`."""
 
     totals: Counter[tuple[str, tuple[str, ...]]]
     placement: PlacementPolicy

@@ -94,7 +94,7 @@ def check_supported(version: str | None = None) -> tuple[int, int]:
 
 def request_ranked_lru() -> bool:
     """vLLM 0.33's ``LRUCachePolicy`` ranks a request once, its blocks tail first; 0.32 ranks
-    every stored block on its own (``service.policy.lru``'s ``request_ranks``)."""
+    every stored block on its own (``tenure.service.policy.lru``'s ``request_ranks``)."""
     return check_supported() >= (0, 33)
 
 
@@ -102,7 +102,7 @@ def core_params(core_name: str, params: dict[str, float] | None) -> dict[str, fl
     """``params`` for core policy ``core_name`` in lockstep with the installed vLLM: core
     policies with a ``request_ranks`` parameter (``lru``, ``lru-reclaim``) get the installed
     release's LRU semantics unless set explicitly."""
-    from service.policy import policy_class
+    from tenure.service.policy import policy_class
 
     if "request_ranks" not in policy_class(core_name).defaults:
         return params

@@ -18,7 +18,7 @@ import queue
 from collections.abc import Callable
 from typing import Any
 
-from engine_adapter.vllm_compat import engine_core_input_queue, wake_message
+from tenure.engine_adapter.vllm_compat import engine_core_input_queue, wake_message
 
 __all__ = ["find_engine_waker"]
 

@@ -49,8 +49,8 @@ START=$(date +%s)
 .venv/bin/python - "$WORK/stack" "$SIDECAR" "$ENGINE" >"$WORK/up.log" 2>&1 <<'PY' &
 import signal, sys, time
 from pathlib import Path
-from service.stack import LocalStack, StackConfig
-from service.stack_cli import run_demo
+from tenure.service.stack import LocalStack, StackConfig
+from tenure.service.stack_cli import run_demo
 
 def stop(signum, frame):
     raise KeyboardInterrupt  # the finally below stops Redis, the engine and the sidecar
@@ -85,7 +85,7 @@ agent_worker() {
     local n=0
     while [ "$(date +%s)" -lt "$STOP_AT" ]; do
         n=$((n + 1))
-        .venv/bin/python -m clients.examples.agent_loop --model tiny --turns 6 \
+        .venv/bin/python -m tenure.clients.examples.agent_loop --model tiny --turns 6 \
             --base-url "http://127.0.0.1:$SIDECAR/v1" --tool-s 1 --approval-s 3 \
             --session-id "w$1-$n" >>"$WORK/agents.log" 2>&1 || echo "session w$1-$n failed" >>"$WORK/agents.log"
     done

@@ -23,7 +23,7 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-NO_MKDOCS_2_WARNING=1 PYTHONPATH=$PWD .venv/bin/mkdocs build --strict --quiet --site-dir "$WORK/site"
+NO_MKDOCS_2_WARNING=1 PYTHONPATH=$PWD .venv/bin/mkdocs build --strict --site-dir "$WORK/site"
 PORT=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 .venv/bin/python -m http.server "$PORT" --bind 127.0.0.1 --directory "$WORK/site" >/dev/null 2>&1 &
 server=$!

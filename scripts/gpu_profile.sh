@@ -14,4 +14,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [[ -x "$PY" ]] || PY=python3
-exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m service.cli calibrate-profile --gpu "$@"
+exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m tenure.service.cli calibrate-profile --gpu "$@"

@@ -70,7 +70,7 @@ for d in tests tests/v1 tests/v1/kv_offload tests/v1/kv_offload/cpu tests/v1/kv_
 done
 
 if [ -z "${POLICIES:-}" ]; then
-    POLICIES=$("$py" -c 'from engine_adapter.plugin import registered_policy_names as r; print(" ".join(sorted(r())))')
+    POLICIES=$("$py" -c 'from tenure.engine_adapter.plugin import registered_policy_names as r; print(" ".join(sorted(r())))')
 fi
 MANAGERS=${MANAGERS:-stock tenure}
 results="$out/results.jsonl"

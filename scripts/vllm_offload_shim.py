@@ -11,7 +11,7 @@ code and fetches nothing. Environment:
 * ``TENURE_VLLM_CONTRACT``: ``0`` skips the contract checks (for a reference run routed to
   vLLM's own ``arc``: which victims does vLLM's ARC choose in an LRU test).
 
-Every routed manager is wrapped by :func:`engine_adapter.testing.contract.instrument`, so a
+Every routed manager is wrapped by :func:`tenure.engine_adapter.testing.contract.instrument`, so a
 contract breach (an overrun, a protected key evicted, a non-atomic evict, books that disagree
 with vLLM's) fails the test with ``ContractViolation`` even where the test itself would not
 notice. Each result line says where a failure was raised (the test's own assertion, or library
@@ -47,16 +47,16 @@ _managers: list[Any] = []
 def pytest_configure(config: pytest.Config) -> None:
     import vllm.v1.kv_offload.cpu.manager as cpu_manager
 
-    from engine_adapter.manager import TenureOffloadingManager
-    from engine_adapter.plugin import register
-    from engine_adapter.testing.contract import instrument
+    from tenure.engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.plugin import register
+    from tenure.engine_adapter.testing.contract import instrument
 
     register()
     if POLICY != "none" and WHITEBOX:
         from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
         from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-        from engine_adapter.policy import TenureCachePolicy
+        from tenure.engine_adapter.policy import TenureCachePolicy
 
         LRUCachePolicy.register(TenureCachePolicy)
         ARCCachePolicy.register(TenureCachePolicy)
@@ -97,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _twin_ctx(twins: dict[int, tuple[Any, Any]], ctx: Any) -> Any:
     from vllm.v1.kv_offload.base import ReqContext
 
-    from engine_adapter.vllm_compat import offload_key_positions
+    from tenure.engine_adapter.vllm_compat import offload_key_positions
 
     entry = twins.get(id(ctx))
     if entry is None or entry[0] is not ctx:
@@ -121,7 +121,7 @@ def _summary(name: str, out: Any) -> Any:
 
 def _shadow(manager: Any, twin: Any) -> None:
     """Mirror the manager calls onto ``twin``; record the first call where the results differ."""
-    from engine_adapter.testing.contract import MANAGER_CALLS
+    from tenure.engine_adapter.testing.contract import MANAGER_CALLS
 
     manager.divergence = None
     twins: dict[int, tuple[Any, Any]] = {}
@@ -231,7 +231,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     if report.when != "call" and not (report.when == "setup" and report.failed):
         return
-    from engine_adapter.testing.contract import ContractViolation
+    from tenure.engine_adapter.testing.contract import ContractViolation
 
     violations = [v for m in _managers for v in getattr(m, "contract_violations", [])]
     line: dict[str, Any] = {

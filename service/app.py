@@ -23,30 +23,30 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from service.api.connections import push_security, redis_client, upstream_client
-from service.api.errors import api_error, unavailable
-from service.api.proxy.pipeline import TRACKED, Proxy
-from service.api.retention.controller import build_retention
-from service.api.routes import admin, record_admin, retention_admin, sessions
-from service.api.routes.asgi import SidecarApp
-from service.api.routes.deps import Services
-from service.api.routes.openapi import add_proxy_routes
-from service.api.segments.spawns import load_ranker
-from service.api.segments.tracker import SegmentTracker
-from service.api.shapes.base import RouteShape
-from service.api.tenants import TenantResolver
-from service.api.turns.book import TurnBook
-from service.api.turns.recorder import Recorder
-from service.api.turns.runtime import Runtime
-from service.metrics import Metrics
-from service.push.server import PushServer
-from service.settings import Settings
-from service.state.breaker import Breaker, StateUnavailable
-from service.state.keys import Keys
-from service.state.records import StoreLimits
-from service.state.store import StateStore
-from service.state.topology import RedisClient
-from service.wire.push import TierConfig
+from tenure.service.api.connections import push_security, redis_client, upstream_client
+from tenure.service.api.errors import api_error, unavailable
+from tenure.service.api.proxy.pipeline import TRACKED, Proxy
+from tenure.service.api.retention.controller import build_retention
+from tenure.service.api.routes import admin, record_admin, retention_admin, sessions
+from tenure.service.api.routes.asgi import SidecarApp
+from tenure.service.api.routes.deps import Services
+from tenure.service.api.routes.openapi import add_proxy_routes
+from tenure.service.api.segments.spawns import load_ranker
+from tenure.service.api.segments.tracker import SegmentTracker
+from tenure.service.api.shapes.base import RouteShape
+from tenure.service.api.tenants import TenantResolver
+from tenure.service.api.turns.book import TurnBook
+from tenure.service.api.turns.recorder import Recorder
+from tenure.service.api.turns.runtime import Runtime
+from tenure.service.metrics import Metrics
+from tenure.service.push.server import PushServer
+from tenure.service.settings import Settings
+from tenure.service.state.breaker import Breaker, StateUnavailable
+from tenure.service.state.keys import Keys
+from tenure.service.state.records import StoreLimits
+from tenure.service.state.store import StateStore
+from tenure.service.state.topology import RedisClient
+from tenure.service.wire.push import TierConfig
 
 __all__ = ["create_app"]
 
@@ -228,7 +228,7 @@ def create_app(
     async def _state_unavailable(request: Request, exc: StateUnavailable) -> Response:
         return unavailable(exc.retry_after_s)
 
-    # Lifecycle and admin routes answer every error in one shape (service.api.errors).
+    # Lifecycle and admin routes answer every error in one shape (tenure.service.api.errors).
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         return api_error(

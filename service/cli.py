@@ -6,7 +6,7 @@ A command module exposes ``configure(parser)``, which adds its arguments (and su
 sets ``func`` (``Callable[[argparse.Namespace], int]``) as a parser default.
 
 Errors a user can fix (a bad flag, a missing or malformed file, an unknown policy) raise
-:class:`service.errors.UsageError` and print one line, exit code 2, no traceback.
+:class:`tenure.service.errors.UsageError` and print one line, exit code 2, no traceback.
 """
 
 from __future__ import annotations
@@ -17,44 +17,50 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["UsageError", "main"]
 
 #: command -> (module, help). ``bench`` has sub-commands of its own, listed in ``_BENCHES``.
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "replay": ("service.replay.cli", "replay agent traces through the engine model"),
-    "serve": ("service.api.cli", "run the sidecar (OpenAI-compatible proxy + lifecycle API)"),
+    "replay": ("tenure.service.replay.cli", "replay agent traces through the engine model"),
+    "serve": (
+        "tenure.service.api.cli",
+        "run the sidecar (OpenAI-compatible proxy + lifecycle API)",
+    ),
     "up": (
-        "service.stack_cli",
+        "tenure.service.stack_cli",
         "start a local stack (Redis, CPU vLLM + adapter, sidecar) and demo it",
     ),
     "calibrate": (
-        "service.calibrate.cli",
+        "tenure.service.calibrate.cli",
         "measure the retention price vector on a live vLLM engine",
     ),
-    "state": ("service.state.cli", "Redis state maintenance (migrate-keys)"),
+    "state": ("tenure.service.state.cli", "Redis state maintenance (migrate-keys)"),
     "calibrate-profile": (
-        "service.calibrate.profile_cli",
+        "tenure.service.calibrate.profile_cli",
         "measure the simulator's CPU hardware profile on the live A/B's engine",
     ),
     "record": (
-        "service.record.cli",
+        "tenure.service.record.cli",
         "switch the sidecar's traffic recording; export it as a canonical trace",
     ),
     "train-ranker": (
-        "service.replay.ranker_cli",
+        "tenure.service.replay.ranker_cli",
         "train the worker-lifetime ranker on a trace's sub-agent spawns",
     ),
 }
 _BENCHES: dict[str, tuple[str, str]] = {
-    "proxy": ("benchmarks.proxy", "added latency and throughput of the proxy"),
-    "policy": ("benchmarks.policy", "per-call cost of the adapter policy vs vLLM's LRU"),
-    "replay": ("benchmarks.replay", "speed of one replay over a whole trace"),
-    "sdk": ("benchmarks.sdk", "cost the client SDK adds per completion call"),
-    "redis-wait": ("benchmarks.redis_wait", "cost of WAIT 1 (synchronous replication) per write"),
+    "proxy": ("tenure.benchmarks.proxy", "added latency and throughput of the proxy"),
+    "policy": ("tenure.benchmarks.policy", "per-call cost of the adapter policy vs vLLM's LRU"),
+    "replay": ("tenure.benchmarks.replay", "speed of one replay over a whole trace"),
+    "sdk": ("tenure.benchmarks.sdk", "cost the client SDK adds per completion call"),
+    "redis-wait": (
+        "tenure.benchmarks.redis_wait",
+        "cost of WAIT 1 (synchronous replication) per write",
+    ),
     "soak": (
-        "benchmarks.soak.cli",
+        "tenure.benchmarks.soak.cli",
         "chaos soak: router, 2 engines, 2 sidecars, Redis with Sentinel, faults, ledger",
     ),
 }

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from service.metrics_retention import RetentionMetrics
-from service.policy.types import EvictionClass
-from service.wire.push import (
+from tenure.service.metrics_retention import RetentionMetrics
+from tenure.service.policy.types import EvictionClass
+from tenure.service.wire.push import (
     PLACEMENT_CLASSES,
     PLACEMENT_TIERS,
     PlacementReport,
@@ -139,7 +139,7 @@ class Metrics:
             "(exact: the engine's /tokenize; lower_bound: from the previous turn; none)",
             ["outcome"], registry=r,
         )  # fmt: skip
-        # Labels come from service.api.hints.dialects.DIALECT_FIELDS only (a fixed set).
+        # Labels come from tenure.service.api.hints.dialects.DIALECT_FIELDS only (a fixed set).
         self.dialect_fields = Counter(
             "tenure_dialect_fields",
             "Hint fields of other stacks' dialects: used, overridden by a higher source, "
@@ -147,7 +147,7 @@ class Metrics:
             ["dialect", "field", "outcome"],
             registry=r,
         )
-        # Labels come from service.harness.profiles.HARNESS_FIELDS only (a fixed set).
+        # Labels come from tenure.service.harness.profiles.HARNESS_FIELDS only (a fixed set).
         self.harness_fields = Counter(
             "tenure_harness_fields",
             "Harness fields read from Claude Code, Codex and other harnesses' own traffic: "

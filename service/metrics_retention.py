@@ -1,7 +1,7 @@
 """Prometheus metrics of the online host-retention controller and of resume outcomes.
 
 Labels are bounded: ``tenant`` is a configured tenant name (at most 64 distinct, through a
-:class:`~service.metrics.LabelBudget`), ``branch`` is ``retain``/``ttl``, ``outcome`` is
+:class:`~tenure.service.metrics.LabelBudget`), ``branch`` is ``retain``/``ttl``, ``outcome`` is
 ``hbm``/``host``/``recomputed``, ``source`` is ``hbm``/``host``/``computed``; anything else an
 adapter sends is counted under ``other``.
 """

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.settings_values import (
+from tenure.service.settings_values import (
     MIN_ADMIN_TOKEN_CHARS,
     TENANT_NAME,
     TOKEN_CHARS,
@@ -44,7 +44,7 @@ class TenantSpec(BaseModel):
     """Infer sessions from message-prefix hashes when a request carries no session header."""
     infer_run_end: bool = True
     """Treat a one-shot harness run's final answer (``claude -p``, ``codex exec``;
-    ``service.harness.profiles``) as the likely end of its session: its KV is evicted first
+    ``tenure.service.harness.profiles``) as the likely end of its session: its KV is evicted first
     among the resident, never reclaimed, so a resumed run still hits what is left."""
 
     @field_validator("name")
@@ -67,7 +67,7 @@ class Settings(BaseSettings):
         env_prefix="TENURE_", extra="ignore", frozen=True, use_attribute_docstrings=True
     )
 
-    # --- server: the HTTP server, its connections, the admin API (service.api.routes.server) -
+    # --- server: the HTTP server, its connections, the admin API (tenure.service.api.routes.server)
     host: str = "127.0.0.1"
     """Address the HTTP server binds (``tenure serve``)."""
     port: int = Field(default=8000, ge=0, le=65535)
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     dev_mode: bool = False
     """Run without an admin token (local development only: the admin routes are then open)."""
 
-    # --- tenants: API keys and the tenants they select (service.api.tenants) ----------------------
+    # --- tenants: API keys and the tenants they select (tenure.service.api.tenants) ---------------
     tenants: dict[str, TenantSpec] = Field(default_factory=dict, repr=False)
     """API key -> tenant, as JSON: ``{"sk-abc": {"name": "acme", "infer_sessions": true}}``. Empty:
     every caller is the ``default`` tenant. Keys are kept only as ``sha256:<hex>`` digests (a key
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     default_tenant: TenantSpec = TenantSpec(name="default")
     """The tenant of every caller when no ``tenants`` are configured."""
 
-    # --- upstream: the engine the proxy forwards to (service.api.upstream) ------------------------
+    # --- upstream: the engine the proxy forwards to (tenure.service.api.upstream) -----------------
     upstream_url: str = "http://127.0.0.1:8001"
     """The OpenAI-compatible engine (vLLM) the proxy forwards to."""
     upstream_api_key: SecretStr | None = None
@@ -134,10 +134,10 @@ class Settings(BaseSettings):
     early_forward: bool = True
     """Forward a request of a session this replica has seen before Redis has counted its turn (the
     script runs meanwhile; the forwarded turn number is this replica's forecast of Redis's count,
-    see ``service.api.turns.forecasts``); false = wait for Redis, then forward.
+    see ``tenure.service.api.turns.forecasts``); false = wait for Redis, then forward.
     """
 
-    # --- redis: the state store and its topology (service.state) ----------------------------------
+    # --- redis: the state store and its topology (tenure.service.state) ---------------------------
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
     """Redis URL (``redis://``, ``rediss://`` or ``unix://``); with Sentinels only its database and
     credentials are used.
@@ -190,7 +190,7 @@ class Settings(BaseSettings):
     refresh_interval_s: float = Field(default=2.0, gt=0, le=3600)
     """How often each replica reloads runtime config and the learned gap model from Redis."""
 
-    # --- retention: the online host-retention controller (service.api.retention.controller) -------
+    # --- retention: the online host-retention controller (tenure.service.api.retention.controller)
     retention_period_s: float = Field(default=900.0, gt=0, le=86_400)
     """Re-choose each tenant's host branch (retain / ttl) this often, seconds."""
     retention_min_samples: int = Field(default=200, ge=1, le=100_000)
@@ -210,12 +210,12 @@ class Settings(BaseSettings):
     waits, the SRE's calibration sample as the prior. Opt-in because on the Claude Code gaps it
     beats the seed's controller at 3 x lambda_crit but loses to it at 2 x (notes, issue 26)."""
 
-    # --- segments: segment tracking and the worker ranker (service.api.segments) ------------------
+    # --- segments: segment tracking and the worker ranker (tenure.service.api.segments) -----------
     segments: bool = False
     """Segment tracking for lifetime-aware KV placement (the engine's ``tenure-fs`` tier): every
     tracked request of a named session carries its role, parent, the worker ranker's prediction and
-    its segments in ``kv_transfer_params.tenure`` (``service.api.segments.split``). Costs one Redis
-    read per turn (and a ``/tokenize`` call for turns with reasoning).
+    its segments in ``kv_transfer_params.tenure`` (``tenure.service.api.segments.split``). Costs one
+    Redis read per turn (and a ``/tokenize`` call for turns with reasoning).
     """
     segment_tokenize: bool = False
     """Declare a reasoning turn's generation a reasoning segment before it is generated, its start
@@ -227,7 +227,7 @@ class Settings(BaseSettings):
     worker_ranker: str = ""
     """A ``tenure train-ranker`` artefact for the worker ranker; empty = the type heuristic."""
 
-    # --- push: the push channel to the engine adapters (service.push) -----------------------------
+    # --- push: the push channel to the engine adapters (tenure.service.push) ----------------------
     push_addr: str = "tcp://127.0.0.1:5557"
     """Push channel (ZeroMQ ROUTER) address; empty disables the channel."""
     push_snapshot_interval_s: float = Field(default=10.0, gt=0, le=3600)
@@ -257,7 +257,7 @@ class Settings(BaseSettings):
     push_max_adapters: int = Field(default=64, ge=1, le=10_000)
     """Adapters tracked at once (peers beyond it are ignored until one goes silent)."""
 
-    # --- recording: the traffic recording, off by default (service.api.turns.recorder) ------------
+    # --- recording: the traffic recording, off by default (tenure.service.api.turns.recorder) -----
     record_enabled: bool = False
     """Record the proxied traffic (no text: hashes, token counts, stop reasons, hints) from start-
     up; ``PUT /admin/record`` switches it at run time.
@@ -270,7 +270,7 @@ class Settings(BaseSettings):
     @field_validator("retention_estimator")
     @classmethod
     def _known_estimator(cls, value: str) -> str:
-        from service.policy.rate import rate_estimator
+        from tenure.service.policy.rate import rate_estimator
 
         rate_estimator(value)  # raises with the valid kinds named
         return value

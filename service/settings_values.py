@@ -1,5 +1,5 @@
-"""The value checks and parsers behind :class:`service.settings.Settings`: tenant names, API key
-digests, admin tokens, CURVE keys, Sentinel addresses, loopback hosts, and how a validation
+"""The value checks and parsers behind :class:`tenure.service.settings.Settings`: tenant names, API
+key digests, admin tokens, CURVE keys, Sentinel addresses, loopback hosts, and how a validation
 error names a setting without echoing a secret. Pure: no I/O, no settings object.
 """
 

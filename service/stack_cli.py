@@ -1,6 +1,6 @@
 """``tenure up``: the live A/B on real agent traffic (default), or a local stack and a demo.
 
-By default (:mod:`service.live.cli`): a slice of the Claude Code trace is played through the
+By default (:mod:`tenure.service.live.cli`): a slice of the Claude Code trace is played through the
 sidecar into a CPU vLLM with the adapter, once with the host tier under ``lru`` and once under
 ``tenure``, beside the simulator's replay of the same slice; the table of both (and ``--json``,
 ``--plot``) follows.
@@ -89,8 +89,8 @@ def _delta(after: dict[str, float], before: dict[str, float], name: str) -> floa
 
 def run_demo(stack: Any) -> dict[str, float]:
     """The demo traffic; returns the figures it printed (for tests)."""
-    from service.processes import http_json
-    from service.tools.tiny_model import word_prompt
+    from tenure.service.processes import http_json
+    from tenure.service.tools.tiny_model import word_prompt
 
     engine_before = stack.engine_metrics()
     session = "demo-agent"
@@ -170,10 +170,10 @@ def run_demo(stack: Any) -> dict[str, float]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.errors import UsageError
-    from service.policy import UnknownPolicyError, policy_class
-    from service.processes import StackError
-    from service.stack import LocalStack, StackConfig
+    from tenure.service.errors import UsageError
+    from tenure.service.policy import UnknownPolicyError, policy_class
+    from tenure.service.processes import StackError
+    from tenure.service.stack import LocalStack, StackConfig
 
     try:
         policy_class(args.policy)
@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace) -> int:
         args.cache_dir or os.environ.get("TENURE_CACHE_DIR") or Path.home() / ".cache" / "tenure"
     )
     if not (args.scripted or args.no_demo):
-        from service.live.cli import run_ab
+        from tenure.service.live.cli import run_ab
 
         with _StopSignals() as signals:
             try:
@@ -253,7 +253,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", help="where the tiny model is cached (default TENURE_CACHE_DIR or ~/.cache)"
     )
-    from service.live.cli import configure_ab
+    from tenure.service.live.cli import configure_ab
 
     configure_ab(parser)
     parser.set_defaults(func=_run)

@@ -7,8 +7,8 @@
 * ``redis_process_factory`` (function scope): private servers a test may kill and restart
   (``stop()`` / ``start()`` keep the port), for fault tests; all stopped after the test.
 * ``sentinel_group`` (function scope): master + replica + three Sentinels
-  (:class:`service.processes.redis_groups.SentinelGroup`); ``redis_cluster`` (module scope): three
-  cluster masters (:class:`service.processes.redis_groups.ClusterGroup`).
+  (:class:`tenure.service.processes.redis_groups.SentinelGroup`); ``redis_cluster`` (module scope):
+  three cluster masters (:class:`tenure.service.processes.redis_groups.ClusterGroup`).
 
 Nothing is faked here: tests that use Redis talk to the real server.
 """
@@ -26,8 +26,8 @@ from typing import TypeVar
 import pytest
 import redis
 
-from service.processes import free_port, redis_argv, redis_executable
-from service.processes.redis_groups import ClusterGroup, SentinelGroup
+from tenure.service.processes import free_port, redis_argv, redis_executable
+from tenure.service.processes.redis_groups import ClusterGroup, SentinelGroup
 
 __all__ = ["RedisProcess", "free_port", "poll", "wait_for"]
 

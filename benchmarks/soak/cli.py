@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.processes import http_json
+from tenure.service.processes import http_json
 
 __all__ = ["configure"]
 
@@ -81,7 +81,7 @@ def _rss_mib(pid: int | None) -> float | None:
 
 
 def _redis_used_mib(port: int | None) -> float | None:
-    from service.processes.redis_groups import redis_command
+    from tenure.service.processes.redis_groups import redis_command
 
     if port is None:
         return None
@@ -100,8 +100,8 @@ class _Adapters:
         self.clients: list[Any] = []
 
     def start(self) -> None:
-        from engine_adapter.policies import policy_class_for
-        from engine_adapter.push_client import PushClient
+        from tenure.engine_adapter.policies import policy_class_for
+        from tenure.engine_adapter.push_client import PushClient
 
         for i in range(self.engines):
             policy = policy_class_for("tenure")(cache_capacity=1024)
@@ -124,8 +124,8 @@ class _Adapters:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchmarks.soak.driver import plans_from_trace
-    from service.cli import UsageError
+    from tenure.benchmarks.soak.driver import plans_from_trace
+    from tenure.service.cli import UsageError
 
     if args.render is not None:
         return _rerender(args.render, args.plot)
@@ -151,15 +151,15 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(result["series"]) + "\n"
         )
     if args.plot:
-        from benchmarks.soak.report import plot
+        from tenure.benchmarks.soak.report import plot
 
         plot(result, args.plot)
     return 0
 
 
 def _rerender(path: Path, plot_path: Path | None) -> int:
-    from benchmarks.soak.report import rerender
-    from service.cli import UsageError
+    from tenure.benchmarks.soak.report import rerender
+    from tenure.service.cli import UsageError
 
     series = path.with_name(path.stem + "_series.json")
     if not path.is_file() or not series.is_file():
@@ -169,10 +169,10 @@ def _rerender(path: Path, plot_path: Path | None) -> int:
 
 
 def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str, Any]:
-    from benchmarks.soak.driver import drive
-    from benchmarks.soak.ledger import Ledger
-    from benchmarks.soak.report import summarize
-    from service.stack.multi import MultiStack, MultiStackConfig
+    from tenure.benchmarks.soak.driver import drive
+    from tenure.benchmarks.soak.ledger import Ledger
+    from tenure.benchmarks.soak.report import summarize
+    from tenure.service.stack.multi import MultiStack, MultiStackConfig
 
     fake = args.engine == "fake"
     config = MultiStackConfig(
@@ -262,8 +262,7 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
             f"soak: {args.minutes:g} min, {args.sessions_per_s:g} sessions/s, engine={args.engine}"
         )
         asyncio.run(main())
-        read_at = time.monotonic() - t0
-        records = _read_back(urls[0], list(ledger.acks))
+        records, read_at = _read_back(urls[0], list(ledger.acks), t0)
         kills = [f["at_s"] for f in faults if f["kind"] == "redis_master_killed"]
         checks = ledger.check(
             records, kills, WINDOW_S, read_at=read_at, finished_ttl_s=_finished_ttl_s()
@@ -280,7 +279,7 @@ def _soak(args: argparse.Namespace, plans: list[Any], workdir: Path) -> dict[str
 
 def _finished_ttl_s() -> float:
     """The sidecars' ``finished_ttl_s`` (they inherit this process's environment)."""
-    from service.settings import Settings
+    from tenure.service.settings import Settings
 
     return float(
         os.environ.get("TENURE_FINISHED_TTL_S", Settings.model_fields["finished_ttl_s"].default)
@@ -292,15 +291,21 @@ def _model_cache() -> Path:
     return Path(root) / "models"
 
 
-def _read_back(url: str, sessions: list[str]) -> dict[str, dict[str, Any] | None]:
+def _read_back(
+    url: str, sessions: list[str], t0: float
+) -> tuple[dict[str, dict[str, Any] | None], dict[str, float]]:
+    """Each session's record (``None``: not found) and when it was asked for (seconds since
+    ``t0``): an hour's sessions take tens of seconds to read, and ends expire meanwhile."""
     import httpx
 
     out: dict[str, dict[str, Any] | None] = {}
+    read_at: dict[str, float] = {}
     with httpx.Client(base_url=url, timeout=10) as http:
         for session in sessions:
+            read_at[session] = time.monotonic() - t0
             reply = http.get(f"/v1/sessions/{session}")
             out[session] = reply.json() if reply.status_code == 200 else None
-    return out
+    return out, read_at
 
 
 def _kill_redis_master(multi: Any, _adapters: Any, t0: float) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.soak.ledger import Ledger, TurnRecord
+from tenure.benchmarks.soak.ledger import Ledger, TurnRecord
 
 __all__ = ["SessionPlan", "drive", "plans_from_trace"]
 
@@ -35,7 +35,7 @@ def plans_from_trace(
 ) -> list[SessionPlan]:
     from pathlib import Path
 
-    from service.replay.loaders import load_trace
+    from tenure.service.replay.loaders import load_trace
 
     trace = load_trace(Path(path))
     plans = []

@@ -7,12 +7,14 @@ and compared: a session whose record is missing or older than its newest acknowl
 lost that write; it is *inside the window* when it was acknowledged less than ``window_s``
 before a Redis master was killed (asynchronous replication's loss window), else it counts in
 ``acknowledged_writes_lost``. A *finished* session acknowledged more than the sidecar's
-``finished_ttl_s`` before the read-back has expired by design: it is counted as
-``acknowledged_writes_expired``, never as lost.
+``finished_ttl_s`` before its record was read back has expired by design: it is counted as
+``acknowledged_writes_expired``, never as lost (the read-back of a long run takes tens of
+seconds, so each record's own read time is what counts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["Ack", "Ledger", "TurnRecord"]
@@ -53,11 +55,12 @@ class Ledger:
         master_kills: list[float],
         window_s: float,
         *,
-        read_at: float | None = None,
+        read_at: float | Mapping[str, float] | None = None,
         finished_ttl_s: float | None = None,
     ) -> dict[str, object]:
         """Compare the ledger with the records read back (``None``: not found) at ``read_at``
-        (seconds since the start), with the sidecar's ``finished_ttl_s``."""
+        (seconds since the start; per session where the read-back took long enough for
+        sessions to expire while it ran), with the sidecar's ``finished_ttl_s``."""
         expired: list[str] = []
         lost: list[str] = []
         lost_in_window: list[str] = []
@@ -73,12 +76,13 @@ class Ledger:
             )
             if ok:
                 continue
+            read = read_at.get(session) if isinstance(read_at, Mapping) else read_at
             if (
                 record is None
                 and ack.state == "finished"
-                and read_at is not None
+                and read is not None
                 and finished_ttl_s is not None
-                and read_at - ack.at > finished_ttl_s
+                and read - ack.at > finished_ttl_s
             ):
                 expired.append(session)
                 continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak.ledger import Ledger
+from tenure.benchmarks.soak.ledger import Ledger
 
 __all__ = ["flatness", "plot", "rerender", "summarize"]
 

@@ -3,7 +3,7 @@
 Point it at a Tenure sidecar (which fronts vLLM), e.g. the local stack::
 
     tenure up --keep-running          # Redis + CPU vLLM + sidecar; prints the sidecar URL
-    python -m clients.examples.agent_loop --base-url http://127.0.0.1:8080/v1 --model MODEL
+    python -m tenure.clients.examples.agent_loop --base-url http://127.0.0.1:8080/v1 --model MODEL
 
 Each step prints what the harness told the sidecar, and the end prints the sidecar's own record
 of the session. The hints change nothing in the answers; they decide which KV the engine keeps.
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from openai import OpenAI
 
-from clients import TenureSession
+from tenure.clients import TenureSession
 
 __all__ = ["main", "run_agent"]
 

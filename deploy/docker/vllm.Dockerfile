@@ -7,6 +7,8 @@ ARG VLLM_VERSION=v0.32.0
 FROM vllm/vllm-openai:${VLLM_VERSION}
 WORKDIR /opt/tenure
 COPY pyproject.toml README.md ./
+# tenure/ holds the import root: relative symlinks to the four folders below.
+COPY tenure ./tenure
 COPY service ./service
 COPY engine_adapter ./engine_adapter
 COPY clients ./clients

@@ -4,7 +4,7 @@ import os
 
 import anthropic
 
-from clients import TenureSession
+from tenure.clients import TenureSession
 
 sidecar = os.environ.get("TENURE_URL", "http://127.0.0.1:8080")  # the root: the client adds /v1
 model = os.environ.get("MODEL", "Qwen/Qwen3-8B")

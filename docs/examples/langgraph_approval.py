@@ -8,8 +8,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 from openai import OpenAI
 
-from clients import TenureSession
-from clients.langgraph import interrupt
+from tenure.clients import TenureSession
+from tenure.clients.langgraph import interrupt
 
 sidecar = os.environ.get("TENURE_URL", "http://127.0.0.1:8080")
 model = os.environ.get("MODEL", "Qwen/Qwen3-8B")

@@ -2,7 +2,7 @@ import os
 
 from openai import OpenAI
 
-from clients import TenureSession
+from tenure.clients import TenureSession
 
 sidecar = os.environ.get("TENURE_URL", "http://127.0.0.1:8080")  # tenure serve, not vLLM
 client = OpenAI(base_url=f"{sidecar}/v1", api_key="sk-local")  # the key selects the tenant

@@ -28,14 +28,14 @@ from pydantic_settings import BaseSettings
 
 #: Where each generated page reads from: the one place to edit when a module moves.
 SOURCES = {
-    "settings": "service.settings:Settings",
-    "load_settings": "service.settings:load_settings",
-    "runtime_config": "service.state.config:RuntimeConfig",
-    "metrics": "service.metrics:Metrics",
-    "cli": "service.cli:build_parser",
-    "app": "service.app:create_app",
+    "settings": "tenure.service.settings:Settings",
+    "load_settings": "tenure.service.settings:load_settings",
+    "runtime_config": "tenure.service.state.config:RuntimeConfig",
+    "metrics": "tenure.service.metrics:Metrics",
+    "cli": "tenure.service.cli:build_parser",
+    "app": "tenure.service.app:create_app",
     # Where issue 22's layout puts it, then where it was before.
-    "dialects": "service.api.hints.dialects | service.api.dialects",
+    "dialects": "tenure.service.api.hints.dialects | tenure.service.api.dialects",
 }
 
 

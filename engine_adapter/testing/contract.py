@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from engine_adapter.vllm_compat import manager_policy, num_evictable_chunks
+from tenure.engine_adapter.vllm_compat import manager_policy, num_evictable_chunks
 
 __all__ = ["MANAGER_CALLS", "ContractViolation", "check_books", "instrument"]
 
@@ -49,7 +49,7 @@ def _fail(manager: Any, what: str) -> None:
 
 def check_books(manager: Any) -> None:
     """vLLM's chunk pool, its reference counts and the policy's books agree (else raise)."""
-    from engine_adapter.policy import TenureCachePolicy
+    from tenure.engine_adapter.policy import TenureCachePolicy
 
     policy = manager_policy(manager)
     if not isinstance(policy, TenureCachePolicy):

@@ -14,11 +14,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from service.live import report
-from service.live.simulated import run_simulated
-from service.live.workload import SliceSpec, build_workload, engine_trace
-from service.replay.hardware import get_profile
-from service.replay.loaders import load_trace
+from tenure.service.live import report
+from tenure.service.live.simulated import run_simulated
+from tenure.service.live.workload import SliceSpec, build_workload, engine_trace
+from tenure.service.replay.hardware import get_profile
+from tenure.service.replay.loaders import load_trace
 
 
 def main(path: str) -> None:

@@ -22,10 +22,10 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from service.api.routes.server import uvicorn_config
-    from service.app import create_app
-    from service.errors import UsageError
-    from service.settings import SettingsError, load_settings
+    from tenure.service.api.routes.server import uvicorn_config
+    from tenure.service.app import create_app
+    from tenure.service.errors import UsageError
+    from tenure.service.settings import SettingsError, load_settings
 
     overrides: dict[str, object] = {}
     if args.host:

@@ -1,18 +1,18 @@
 """The sidecar's connections, built from its settings: the Redis client (plain, Sentinel or
 cluster), the upstream HTTP client (httpx, or the raw/aiohttp clients) and the push channel's
-security. The app's lifespan (:mod:`service.app`) opens and closes them.
+security. The app's lifespan (:mod:`tenure.service.app`) opens and closes them.
 """
 
 from __future__ import annotations
 
 import httpx
 
-from service.api.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
-from service.api.upstream.raw import RawUpstream
-from service.push.security import PushSecurity
-from service.settings import Settings
-from service.settings_values import parse_sentinels
-from service.state.topology import RedisClient, RedisTopology, connect
+from tenure.service.api.upstream.client import AiohttpUpstream, HttpxUpstream, UpstreamClient
+from tenure.service.api.upstream.raw import RawUpstream
+from tenure.service.push.security import PushSecurity
+from tenure.service.settings import Settings
+from tenure.service.settings_values import parse_sentinels
+from tenure.service.state.topology import RedisClient, RedisTopology, connect
 
 __all__ = ["push_security", "redis_client", "redis_topology", "upstream_client"]
 

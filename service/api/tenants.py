@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from service.settings import TenantSpec
-from service.settings_values import tenant_key_digest
+from tenure.service.settings import TenantSpec
+from tenure.service.settings_values import tenant_key_digest
 
 __all__ = ["TenantResolver", "bearer_token"]
 

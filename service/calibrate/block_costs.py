@@ -14,7 +14,7 @@ first token of one ``blocks``-block context, median of ``repeats``):
 
 recompute per block = (fresh - gpu) / blocks; load per block = (host - gpu) / blocks; the ratio
 of the two. For a simulator profile the same two figures come from its physics
-(:func:`service.live.speed.profile_block_costs`).
+(:func:`tenure.service.live.speed.profile_block_costs`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service.calibrate.engine import EngineError, EngineProbe
+from tenure.service.calibrate.engine import EngineError, EngineProbe
 
 __all__ = ["BlockCosts", "measure_block_costs"]
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["configure"]
 
@@ -141,8 +141,8 @@ def write_sidecar(url: str, token: str, cal: Any, timeout_s: float) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.calibrate.engine import EngineError, EngineProbe
-    from service.calibrate.procedure import calibrate, plan_for
+    from tenure.service.calibrate.engine import EngineError, EngineProbe
+    from tenure.service.calibrate.procedure import calibrate, plan_for
 
     repeats = _int(args.repeats, "--repeats")
     ranks = _int(args.ranks, "--ranks")

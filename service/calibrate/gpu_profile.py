@@ -1,7 +1,7 @@
 """The replay's GPU physics measured on a GPU: one short run, no vLLM, no network.
 
-What the replay's roofline (:class:`service.replay.hardware.HardwareProfile`) models, measured
-directly with PyTorch and transformers on the GPU it is about:
+What the replay's roofline (:class:`tenure.service.replay.hardware.HardwareProfile`) models,
+measured directly with PyTorch and transformers on the GPU it is about:
 
 * **prefill**: a forward pass over ``n`` new tokens after ``c`` tokens of cached context, for a
   random-weight model with Llama-3.1-8B's exact configuration in bf16 (random weights run the
@@ -162,7 +162,8 @@ class _Timer:
 
 
 def _model_facts(cfg: dict[str, Any]) -> dict[str, float]:
-    """The roofline's model terms for ``cfg``, counted as ``service.replay.hardware`` does."""
+    """The roofline's model terms for ``cfg``, counted as ``tenure.service.replay.hardware``
+    does."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     heads, kv_heads, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     attn = h * heads * hd + 2 * h * kv_heads * hd + heads * hd * h
@@ -380,7 +381,7 @@ def measure_gpu_profile(
     import torch
 
     if plan.device.startswith("cuda") and not torch.cuda.is_available():
-        from service.errors import UsageError
+        from tenure.service.errors import UsageError
 
         raise UsageError("no CUDA device: run on a GPU host, or use --cpu-dry-run")
     started = time.perf_counter()

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service.calibrate.engine import EngineError, EngineInfo, EngineProbe
-from service.policy.platforms import alpha1_from_pool
-from service.policy.retention import PriceVector
+from tenure.service.calibrate.engine import EngineError, EngineInfo, EngineProbe
+from tenure.service.policy.platforms import alpha1_from_pool
+from tenure.service.policy.retention import PriceVector
 
 __all__ = ["Calibration", "CalibrationPlan", "Spread", "calibrate", "plan_for"]
 

@@ -1,6 +1,6 @@
 """``tenure calibrate-profile``: measure a simulator hardware profile on a live vLLM engine.
 
-What the engine model (:mod:`service.replay.hardware`) needs, measured with the engine's own
+What the engine model (:mod:`tenure.service.replay.hardware`) needs, measured with the engine's own
 clocks (vLLM's per-request ``prefill`` / ``decode`` time histograms and its offloading
 worker's transfer counters, read from ``/metrics`` around each request, so HTTP and API-server
 time are not counted):
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service.calibrate.engine import EngineError, EngineProbe
+from tenure.service.calibrate.engine import EngineError, EngineProbe
 
 __all__ = ["ModelShape", "ProfileMeasurement", "measure_profile"]
 

@@ -2,7 +2,7 @@
 
 With no ``--engine`` it starts the engine ``tenure up`` runs (the tiny model in float32, the
 A/B's block size and batch limits; a host tier 4x the pool, so a flooded context can come back
-from it), measures it (:mod:`service.calibrate.profile`), stops it, and prints the profile's
+from it), measures it (:mod:`tenure.service.calibrate.profile`), stops it, and prints the profile's
 fields with the measurement's spread; ``--json`` writes both. ``--engine URL`` measures a
 running engine instead (its model shape must be the tiny model's).
 """
@@ -17,17 +17,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["TINY_SHAPE", "configure"]
 
 
 def _tiny_shape(layout: str = "tiny") -> Any:
-    from service.calibrate.profile import ModelShape
-    from service.live.stack import kv_bytes_per_block
-    from service.tools.tiny_model import layout_named
+    from tenure.service.calibrate.profile import ModelShape
+    from tenure.service.live.stack import kv_bytes_per_block
+    from tenure.service.tools.tiny_model import layout_named
 
-    # The random-weight Llama (service.tools.tiny_model); for the tiny one (hidden 256, MLP
+    # The random-weight Llama (tenure.service.tools.tiny_model); for the tiny one (hidden 256, MLP
     # 512, 2 layers, vocabulary 2051) matmul parameters = 2 x (4 x 256^2 + 3 x 256 x 512) +
     # 256 x 2051.
     shape = layout_named(layout)
@@ -96,8 +96,12 @@ def _say(line: str) -> None:
 def run_gpu(args: argparse.Namespace) -> int:
     from dataclasses import asdict, replace
 
-    from service.calibrate.gpu_profile import GpuProfilePlan, measure_gpu_profile, write_profile
-    from service.replay.hardware import PROFILE_DIR, HardwareProfile, get_profile
+    from tenure.service.calibrate.gpu_profile import (
+        GpuProfilePlan,
+        measure_gpu_profile,
+        write_profile,
+    )
+    from tenure.service.replay.hardware import PROFILE_DIR, HardwareProfile, get_profile
 
     plan = GpuProfilePlan.cpu_dry_run() if args.cpu_dry_run else GpuProfilePlan()
     spec = asdict(get_profile(args.spec_profile))  # an unknown name fails before measuring
@@ -130,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
         return run_gpu(args)
     if args.cpu_dry_run:
         raise UsageError("--cpu-dry-run goes with --gpu")
-    from service.calibrate.block_costs import measure_block_costs
-    from service.calibrate.engine import EngineError, EngineProbe
-    from service.calibrate.profile import measure_profile
+    from tenure.service.calibrate.block_costs import measure_block_costs
+    from tenure.service.calibrate.engine import EngineError, EngineProbe
+    from tenure.service.calibrate.profile import measure_profile
 
     if args.repeats < 1:
         raise UsageError("--repeats must be >= 1")
@@ -188,9 +192,9 @@ def run(args: argparse.Namespace) -> int:
 def _start_engine(args: argparse.Namespace) -> Any:
     import os
 
-    from service.live.cli import ENGINE_DEFAULTS
-    from service.live.stack import ABStack, ABStackConfig
-    from service.processes import StackError
+    from tenure.service.live.cli import ENGINE_DEFAULTS
+    from tenure.service.live.stack import ABStack, ABStackConfig
+    from tenure.service.processes import StackError
 
     cache = Path(
         args.cache_dir or os.environ.get("TENURE_CACHE_DIR") or Path.home() / ".cache" / "tenure"

@@ -1,6 +1,6 @@
 """One arm of the A/B: a fresh stack (Redis, sidecar, engine) under one host-tier policy.
 
-The slice is played through the arm's proxy by the :class:`~service.live.driver.Driver`; the
+The slice is played through the arm's proxy by the :class:`~tenure.service.live.driver.Driver`; the
 engine's and the sidecar's ``/metrics`` are scraped every few seconds (the time series of the
 plot and the progress line) and once at the end (the table). Every figure of an arm comes from
 its own fresh engine, so counters start at zero.
@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.live.dispatch import DispatchPlan
-from service.live.driver import Driver, TurnRecord
-from service.live.stack import ABStack, ABStackConfig
-from service.live.workload import Workload
-from service.replay.model import Trace
+from tenure.service.live.dispatch import DispatchPlan
+from tenure.service.live.driver import Driver, TurnRecord
+from tenure.service.live.stack import ABStack, ABStackConfig
+from tenure.service.live.workload import Workload
+from tenure.service.replay.model import Trace
 
 __all__ = ["ArmResult", "ArmSample", "prepare_stack", "run_arm", "sum_metric"]
 

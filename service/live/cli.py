@@ -1,20 +1,20 @@
 """``tenure up``'s A/B: the slice, the sizing, the simulated arms, the live arms, the report.
 
 Order of work, so that bad input and an over-budget slice fail before anything starts: the
-flags are checked, the slice is cut and scaled (:mod:`service.live.workload`), the pool and
-host tier are sized by the pressure rule (:mod:`service.live.sizing`), both arms are simulated
-(their predicted duration is the budget check); then the arms run one after the other on the
-same arrival schedule, each on its own fresh Redis, sidecar and engine, started before the arm
+flags are checked, the slice is cut and scaled (:mod:`tenure.service.live.workload`), the pool and
+host tier are sized by the pressure rule (:mod:`tenure.service.live.sizing`), both arms are
+simulated (their predicted duration is the budget check); then the arms run one after the other on
+the same arrival schedule, each on its own fresh Redis, sidecar and engine, started before the arm
 and stopped after it (the last one stays up with ``--keep-running``). ``--quick`` starts both
 arms' stacks together before the first arm, with the model in each EngineCore process
-(:mod:`service.live.runs`), and says so.
+(:mod:`tenure.service.live.runs`), and says so.
 
-Both arms send their calls in the simulated control arm's order (:mod:`service.live.dispatch`),
-so they share one interleaving whatever the engine's speed; the verdict
-(:mod:`service.live.verdict`) names a winner per headline figure only where the paired per-call
-interval excludes 0, and says which figures the run could not separate. The demo model
-(``--layout demo``) makes a host-tier load cheap against a recompute, as on a GPU serving an 8B
-model; the recompute/load ratio is printed beside the H100 profile's.
+Both arms send their calls in the simulated control arm's order
+(:mod:`tenure.service.live.dispatch`), so they share one interleaving whatever the engine's speed;
+the verdict (:mod:`tenure.service.live.verdict`) names a winner per headline figure only where the
+paired per-call interval excludes 0, and says which figures the run could not separate. The demo
+model (``--layout demo``) makes a host-tier load cheap against a recompute, as on a GPU serving an
+8B model; the recompute/load ratio is printed beside the H100 profile's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["ENGINE_DEFAULTS", "configure_ab", "run_ab"]
 
@@ -149,8 +149,8 @@ def _load_slice(path: Path, spec: Any) -> Any:
     a few dozen sessions ~0.1 s). Sessions too long for the model are skipped, so a margin
     more is read, and the whole trace where even that does not yield enough.
     """
-    from service.live.workload import ScaleError, build_workload
-    from service.replay.loaders.claude_code import load_claude_code
+    from tenure.service.live.workload import ScaleError, build_workload
+    from tenure.service.replay.loaders.claude_code import load_claude_code
 
     limit = 2 * (spec.first + spec.sessions) + 8
     trace = load_claude_code(path, max_roots=limit)
@@ -163,21 +163,21 @@ def _load_slice(path: Path, spec: Any) -> Any:
 
 
 def _policy_params(policy: str, time_scale: float) -> dict[str, float]:
-    from service.policy import policy_class
+    from tenure.service.policy import policy_class
 
     defaults = policy_class(policy).defaults
     return {k: defaults[k] / time_scale for k in _TIME_PARAMS if k in defaults}
 
 
 def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
-    from service.live import report
-    from service.live import verdict as verdicts
-    from service.live.profiles import engine_profile
-    from service.live.simulated import run_simulated
-    from service.live.sizing import size_for
-    from service.live.speed import block_costs, engine_speeds
-    from service.live.workload import SliceSpec, arrival_schedule, engine_trace
-    from service.policy import UnknownPolicyError, policy_class
+    from tenure.service.live import report
+    from tenure.service.live import verdict as verdicts
+    from tenure.service.live.profiles import engine_profile
+    from tenure.service.live.simulated import run_simulated
+    from tenure.service.live.sizing import size_for
+    from tenure.service.live.speed import block_costs, engine_speeds
+    from tenure.service.live.workload import SliceSpec, arrival_schedule, engine_trace
+    from tenure.service.policy import UnknownPolicyError, policy_class
 
     arms = [args.baseline, args.policy]
     for name in arms:
@@ -246,7 +246,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     schedule = arrival_schedule(etrace.roots, plan.rate, args.seed)
     dispatch = None
     if not args.free_running:
-        from service.live.dispatch import plan_dispatch
+        from tenure.service.live.dispatch import plan_dispatch
 
         base = sims[arms[0]]
         durations = {
@@ -271,7 +271,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     stacks: list[Any] = []
     keep = True
     try:
-        from service.live.runs import run_arms
+        from tenure.service.live.runs import run_arms
 
         results, stacks = run_arms(
             args,
@@ -383,7 +383,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             _say(f"wrote {args.plot}")
         keep = args.keep_files or not own_workdir
         if args.keep_running and stacks:
-            from service.live.keep import serve_until_interrupted
+            from tenure.service.live.keep import serve_until_interrupted
 
             code: int = serve_until_interrupted(stacks[-1], root, _say)
             return code

@@ -15,7 +15,7 @@ import asyncio
 import heapq
 from dataclasses import dataclass
 
-from service.live.workload import Workload
+from tenure.service.live.workload import Workload
 
 __all__ = ["ClosedLoop", "DispatchPlan", "Gate", "plan_dispatch"]
 

@@ -1,6 +1,6 @@
-"""Plays a :class:`~service.live.workload.Workload` through the sidecar as agent sessions.
+"""Plays a :class:`~tenure.service.live.workload.Workload` through the sidecar as agent sessions.
 
-The same closed loop the simulator runs (:mod:`service.replay.engine`): root sessions arrive
+The same closed loop the simulator runs (:mod:`tenure.service.replay.engine`): root sessions arrive
 at their scheduled times; a session's next call goes out its (compressed) gap after the
 previous one's answer is in; a sub-agent's first call goes out its gap after the parent call
 that spawned it (or the parent's arrival) completed; a parent call that joins sub-agents waits
@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from service.live.dispatch import ClosedLoop, DispatchPlan, Gate
-from service.live.workload import LiveTurn, Workload
+from tenure.service.live.dispatch import ClosedLoop, DispatchPlan, Gate
+from tenure.service.live.workload import LiveTurn, Workload
 
 __all__ = ["BASH_TOOL", "Driver", "TurnRecord", "request_body"]
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from service.live.stack import ABStack
-from service.processes import ManagedProcess, free_port, http_ok
+from tenure.service.live.stack import ABStack
+from tenure.service.processes import ManagedProcess, free_port, http_ok
 
 __all__ = ["prometheus_config", "serve_until_interrupted", "start_prometheus"]
 

@@ -2,7 +2,7 @@
 
 ``tiny`` is the replay's ``cpu-tiny-fp32`` (the engine tests' 2-layer model, calibrated on the
 quiet VM). ``demo`` is the model ``tenure up`` serves by default
-(:data:`service.tools.tiny_model.DEMO_SHAPE`, issue 28). Its ``tenure calibrate-profile
+(:data:`tenure.service.tools.tiny_model.DEMO_SHAPE`, issue 28). Its ``tenure calibrate-profile
 --layout demo`` run (``results/live/profile_demo_load30.json``) could only be taken with the
 2-core VM at load average 25-36 (seven other jobs beside it): a decode step of 884 ms and
 5.4 GFLOP/s, 15-30x what the tiny model's quiet calibration implies, and not a speed the
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.replay.hardware import HardwareProfile, get_profile
-from service.tools.tiny_model import DEMO_SHAPE
+from tenure.service.replay.hardware import HardwareProfile, get_profile
+from tenure.service.tools.tiny_model import DEMO_SHAPE
 
 __all__ = ["CALIBRATED_BLOCK_COSTS", "DEMO_PROFILE", "engine_profile"]
 
@@ -58,7 +58,7 @@ DEMO_PROFILE = HardwareProfile(
 )
 
 #: Recompute vs load of one 32-token block, measured by ``tenure calibrate-profile``'s TTFT
-#: probe (:mod:`service.calibrate.block_costs`) per layout.
+#: probe (:mod:`tenure.service.calibrate.block_costs`) per layout.
 CALIBRATED_BLOCK_COSTS: dict[str, dict[str, Any]] = {
     # results/live/profile_demo_load30.json, VM load average 25-36: TTFT of a 32-block
     # context, medians of 3: 5,897 ms recomputed, 682 ms from the host tier, 1,071 ms cached

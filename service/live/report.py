@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from service.live.arm import ArmResult, sum_metric
-from service.replay.model import Trace
-from service.replay.results import RunResult
+from tenure.service.live.arm import ArmResult, sum_metric
+from tenure.service.replay.model import Trace
+from tenure.service.replay.results import RunResult
 
 __all__ = [
     "ARM_KEYS",

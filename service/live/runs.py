@@ -31,8 +31,8 @@ def run_arms(
 ) -> tuple[dict[str, Any], list[Any]]:
     """Per arm: start its fresh stack (the ``engine`` settings, the pool and tier of
     ``sizing``), run the arm, stop the stack (the last one stays up with ``--keep-running``)."""
-    from service.live.arm import run_arm
-    from service.live.stack import ABStack, ABStackConfig
+    from tenure.service.live.arm import run_arm
+    from tenure.service.live.stack import ABStack, ABStackConfig
 
     work, etrace, schedule = played
     stacks: dict[str, ABStack] = {}
@@ -103,8 +103,8 @@ def _started_together(
     measured ~1.5% of a core here, where an engine still starting takes a whole one (which is
     why nothing starts while an arm runs).
     """
-    from service.live.arm import run_arm
-    from service.live.stack import group_cpu_seconds
+    from tenure.service.live.arm import run_arm
+    from tenure.service.live.stack import group_cpu_seconds
 
     work, etrace, schedule = played
     results: dict[str, Any] = {}

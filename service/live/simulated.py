@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from service.replay.config import ReplayConfig
-from service.replay.engine import simulate
-from service.replay.hardware import GIB, HardwareProfile
-from service.replay.model import Trace
-from service.replay.results import RunResult
+from tenure.service.replay.config import ReplayConfig
+from tenure.service.replay.engine import simulate
+from tenure.service.replay.hardware import GIB, HardwareProfile
+from tenure.service.replay.model import Trace
+from tenure.service.replay.results import RunResult
 
 __all__ = ["host_gib_for", "profile_for", "run_simulated"]
 

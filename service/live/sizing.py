@@ -19,9 +19,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from service.live.simulated import run_simulated
-from service.replay.hardware import GIB, HardwareProfile
-from service.replay.model import Trace
+from tenure.service.live.simulated import run_simulated
+from tenure.service.replay.hardware import GIB, HardwareProfile
+from tenure.service.replay.model import Trace
 
 __all__ = ["GPU_OVER_HOST", "WS_OVER_HOST", "Sizing", "size_for"]
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from service.calibrate.block_costs import BlockCosts
-from service.live.arm import sum_metric
-from service.replay.hardware import HardwareProfile
-from service.replay.model import Trace
-from service.replay.results import RunResult
+from tenure.service.calibrate.block_costs import BlockCosts
+from tenure.service.live.arm import sum_metric
+from tenure.service.replay.hardware import HardwareProfile
+from tenure.service.replay.model import Trace
+from tenure.service.replay.results import RunResult
 
 __all__ = [
     "REGIME_FACTOR",
@@ -119,7 +119,7 @@ def out_of_regime(speed: Mapping[str, Any]) -> list[str]:
 def profile_block_costs(
     profile: HardwareProfile, block_tokens: int, context_blocks: int
 ) -> BlockCosts:
-    """:class:`~service.calibrate.block_costs.BlockCosts` from a simulator profile's physics,
+    """:class:`~tenure.service.calibrate.block_costs.BlockCosts` from a simulator profile's physics,
     defined as the measurement is: one step prefilling a whole ``context_blocks`` context minus
     one step serving it from the cache (one new token attending to it), and the context's KV
     bytes over the host -> device link, per block; the TTFTs are the prefill step, and the load
@@ -183,8 +183,8 @@ def block_costs(
     """What recomputing a KV block costs against loading it from the host tier, three ways:
     this run's engine timers, the layout's calibration (``tenure calibrate-profile``'s TTFT
     probe) and the H100 profile's physics at the slice's contexts in trace tokens."""
-    from service.live.profiles import CALIBRATED_BLOCK_COSTS
-    from service.replay.hardware import get_profile
+    from tenure.service.live.profiles import CALIBRATED_BLOCK_COSTS
+    from tenure.service.replay.hardware import get_profile
 
     bt = etrace.block_tokens
     said: list[str] = []

@@ -1,4 +1,4 @@
-"""The A/B's stack: :class:`~service.stack.LocalStack` with the engine the slice needs.
+"""The A/B's stack: :class:`~tenure.service.stack.LocalStack` with the engine the slice needs.
 
 Beside the local stack's own engine it sets the KV block size of the scaled trace, the pool and
 host tier the sizing rule chose, the batch limits the simulator's CPU profile assumes, the tool
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.stack import LocalStack, StackConfig
+from tenure.service.stack import LocalStack, StackConfig
 
 __all__ = ["DTYPE", "ABStack", "ABStackConfig", "group_cpu_seconds", "kv_bytes_per_block"]
 
@@ -59,8 +59,8 @@ def group_cpu_seconds(groups: list[int]) -> float | None:
 
 def kv_bytes_per_block(block_tokens: int, layout: str = "tiny") -> int:
     """KV bytes of one engine block of the random-weight model ``layout`` (K and V, every
-    layer; :mod:`service.tools.tiny_model`)."""
-    from service.tools.tiny_model import layout_named
+    layer; :mod:`tenure.service.tools.tiny_model`)."""
+    from tenure.service.tools.tiny_model import layout_named
 
     return block_tokens * layout_named(layout).kv_bytes_per_token(_DTYPE_BYTES)
 
@@ -74,7 +74,7 @@ class ABStackConfig(StackConfig):
     #: vLLM's start measured past the stack's 240 s on this 2-core VM at load ~10 (other
     #: jobs' tests beside it): the A/B and the calibration wait longer.
     engine_timeout_s: float = 900.0
-    #: Which random-weight model (:func:`service.tools.tiny_model.layout_named`).
+    #: Which random-weight model (:func:`tenure.service.tools.tiny_model.layout_named`).
     layout: str = "tiny"
     #: Core policy parameters for the adapter (the time constants of a compressed clock).
     policy_params: dict[str, float] = field(default_factory=dict)
@@ -102,7 +102,7 @@ class ABStack(LocalStack):
     def ensure_model(self) -> Path:
         if self.config.model is not None or self.config.layout == "tiny":
             return super().ensure_model()
-        from service.tools.tiny_model import ensure_tiny_model, layout_named
+        from tenure.service.tools.tiny_model import ensure_tiny_model, layout_named
 
         self.progress(
             f"preparing the {self.config.layout} random-weight model in {self.config.model_cache}"
@@ -120,7 +120,7 @@ class ABStack(LocalStack):
         if cfg.policy == "lru" and cfg.lru_impl == "stock":
             extra.update(eviction_policy="lru", spec_name="CPUHostOffloadingSpec")
         else:
-            from engine_adapter.policy_names import vllm_name_for
+            from tenure.engine_adapter.policy_names import vllm_name_for
 
             extra.update(
                 eviction_policy=vllm_name_for(cfg.policy),
@@ -177,7 +177,7 @@ class ABStack(LocalStack):
 
     def launch_engine(self) -> None:
         """Spawn the vLLM server (:meth:`wait_engine` waits until it answers)."""
-        from service.stack.launch import engine_process
+        from tenure.service.stack.launch import engine_process
 
         if self.model_path is None:
             self.ensure_model()
@@ -192,7 +192,7 @@ class ABStack(LocalStack):
         self.engine.start()
 
     def wait_engine(self) -> None:
-        from service.processes import http_ok
+        from tenure.service.processes import http_ok
 
         assert self.engine is not None
         self.engine.wait_until(
@@ -204,7 +204,7 @@ class ABStack(LocalStack):
         self.wait_engine()
 
     def launch_sidecar(self) -> None:
-        from service.stack.launch import sidecar_process
+        from tenure.service.stack.launch import sidecar_process
 
         self.progress(f"starting the Tenure sidecar on {self.proxy_url}")
         self.sidecar = sidecar_process(
@@ -213,7 +213,7 @@ class ABStack(LocalStack):
         self.sidecar.start()
 
     def wait_sidecar(self) -> None:
-        from service.processes import http_ok
+        from tenure.service.processes import http_ok
 
         assert self.sidecar is not None
         self.sidecar.wait_until(lambda: http_ok(f"{self.proxy_url}/healthz"), 60)

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from service.live.arm import ArmResult
-from service.live.driver import TurnRecord
+from tenure.service.live.arm import ArmResult
+from tenure.service.live.driver import TurnRecord
 
 __all__ = ["HEADLINES", "paired_delta", "say_verdict", "verdict"]
 

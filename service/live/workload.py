@@ -7,7 +7,7 @@ the kept calls' last one is the session's declared last turn).
 
 **The scale.** Every 64-token trace block is a fixed sequence of ``tokens_per_block`` words of
 the model's vocabulary (default one), derived from the block's place in the trace's prefix tree
-(:mod:`service.replay.model`: segment and index), so two calls share exactly the prefix the
+(:mod:`tenure.service.replay.model`: segment and index), so two calls share exactly the prefix the
 trace says they share: the same appends, the same rewritten last blocks, the same compactions,
 the same sub-agent prompts. A branch's first block is drawn to differ from every sibling's at
 the same position, so no prefix is longer than the trace's. The partial block after a call's
@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.errors import UsageError
-from service.replay.model import SegmentBuilder, SegmentTable, Session, Trace, Turn
+from tenure.service.errors import UsageError
+from tenure.service.replay.model import SegmentBuilder, SegmentTable, Session, Trace, Turn
 
 __all__ = [
     "CHAT_PREFIX",
@@ -356,8 +356,8 @@ def engine_trace(work: Workload, engine_block_tokens: int) -> Trace:
 def arrival_schedule(roots: Sequence[int], rate: float, seed: int) -> list[tuple[float, int]]:
     """``(time, root)`` of every root session: the simulator's own schedule for ``seed``.
 
-    The same seeded shuffle and Poisson clock as :func:`service.replay.engine.simulate` (a test
-    holds the two together), so the live arms and the simulated ones share their arrivals.
+    The same seeded shuffle and Poisson clock as :func:`tenure.service.replay.engine.simulate` (a
+    test holds the two together), so the live arms and the simulated ones share their arrivals.
     """
     rng = random.Random(seed)
     order = list(roots)

@@ -4,17 +4,17 @@ No I/O, no asyncio, no clock reads: time is always an argument. The replay simul
 sidecar and the engine adapter all call these classes.
 """
 
-from service.policy.base import PolicyParams, TierPolicy
-from service.policy.gap import GapPredictor, stop_class
-from service.policy.registry import (
+from tenure.service.policy.base import PolicyParams, TierPolicy
+from tenure.service.policy.gap import GapPredictor, stop_class
+from tenure.service.policy.registry import (
     UnknownPolicyError,
     create_policy,
     policy_class,
     policy_names,
     register_policy,
 )
-from service.policy.tier import HostTier
-from service.policy.types import EvictionClass, Run, SessionHint, StoreResult, Victim
+from tenure.service.policy.tier import HostTier
+from tenure.service.policy.types import EvictionClass, Run, SessionHint, StoreResult, Victim
 
 __all__ = [
     "EvictionClass",

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from service.policy.base import TierPolicy, merge_runs
-from service.policy.types import EvictionClass, Run, Victim
+from tenure.service.policy.base import TierPolicy, merge_runs
+from tenure.service.policy.types import EvictionClass, Run, Victim
 
 __all__ = ["ARCPolicy"]
 

@@ -1,6 +1,6 @@
 """The policy contract: a narrow ABC every host-tier policy implements.
 
-The :class:`~service.policy.tier.HostTier` owns the bookkeeping (which blocks are resident,
+The :class:`~tenure.service.policy.tier.HostTier` owns the bookkeeping (which blocks are resident,
 capacity, counters); a policy only *decides*. The contract mirrors vLLM's ``CachePolicy``
 (``vllm/v1/kv_offload/cpu/policies/base.py``) one level up, on runs of blocks:
 
@@ -22,8 +22,8 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import ClassVar, Literal
 
-from service.policy.tier_view import TierView
-from service.policy.types import EvictionClass, Run, SessionHint, Victim
+from tenure.service.policy.tier_view import TierView
+from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 __all__ = ["HintSource", "PolicyParams", "TierPolicy", "merge_runs"]
 

@@ -24,10 +24,10 @@ import math
 from collections.abc import Sequence
 from typing import ClassVar
 
-from service.policy.base import HintSource, PolicyParams
-from service.policy.sessions import SessionLife, SessionPolicy
-from service.policy.types import EvictionClass, Run, SessionHint, Victim
-from service.policy.wake_index import WakeIndex
+from tenure.service.policy.base import HintSource, PolicyParams
+from tenure.service.policy.sessions import SessionLife, SessionPolicy
+from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
+from tenure.service.policy.wake_index import WakeIndex
 
 __all__ = ["GateOnlyLiteral", "TenureExactGap", "TenureGate", "TenureTagsOff"]
 

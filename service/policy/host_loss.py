@@ -33,7 +33,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.policy.retention import PriceVector
+from tenure.service.policy.retention import PriceVector
 
 __all__ = [
     "EpisodeCost",

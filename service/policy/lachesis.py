@@ -3,7 +3,7 @@
 Deterministic path: reasoning (dies at the next turn) and reviewers (read by nobody after they
 return) never leave the fast tiers; carried lead-agent context may go to the SSD tier. Predictive
 path: live workers ranked at spawn by predicted lifetime, the first ``k`` (shortest) kept off the
-SSD tier, ``k`` from the DRAM left free (:func:`~service.policy.placement.fast_workers`), the
+SSD tier, ``k`` from the DRAM left free (:func:`~tenure.service.policy.placement.fast_workers`), the
 rest may cascade. Every segment's blocks are freed, in every tier, when its boundary closes.
 
 * ``lachesis`` — SSD-eligible segments cascade on DRAM eviction (the seed's design over a
@@ -17,8 +17,8 @@ rest may cascade. Every segment's blocks are freed, in every tier, when its boun
 
 from __future__ import annotations
 
-from service.policy.placement import PlacementPolicy, Route
-from service.policy.segments import SegmentClass
+from tenure.service.policy.placement import PlacementPolicy, Route
+from tenure.service.policy.segments import SegmentClass
 
 __all__ = ["Lachesis", "LachesisNoRanker", "LachesisWriteThrough"]
 

@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from service.policy.gap import GapPredictor, stop_class
-from service.policy.rent import RentClock, rent_budget
-from service.policy.retention import (
+from tenure.service.policy.gap import GapPredictor, stop_class
+from tenure.service.policy.rent import RentClock, rent_budget
+from tenure.service.policy.retention import (
     PriceVector,
     bound_by_declared_retention,
     host_ttl_seconds,
 )
-from service.policy.retention_costs import choose_regime
-from service.policy.types import EvictionClass
+from tenure.service.policy.retention_costs import choose_regime
+from tenure.service.policy.types import EvictionClass
 
 __all__ = [
     "LIKELY_END",
@@ -55,7 +55,7 @@ class LifecycleDecision:
     host_ttl_s: float | None
     reason: str
     #: A suspension on the ttl branch: its host copy expires when the tenant's rent clock
-    #: reaches this (GPU-s, :mod:`service.policy.rent`); ``host_ttl_s`` is then the same
+    #: reaches this (GPU-s, :mod:`tenure.service.policy.rent`); ``host_ttl_s`` is then the same
     #: timer at the price of the moment (``None`` while uncongested).
     host_rent_limit: float | None = None
     #: The run probably ended with this turn (:func:`on_likely_end`).
@@ -121,13 +121,13 @@ def on_suspend(
     """A human-approval wait begins: keep the host copy for ``t2(lambda)`` (or indefinitely).
 
     ``branch`` is the online controller's current choice
-    (:class:`~service.policy.retention_control.OnlineController`, re-chosen periodically by
+    (:class:`~tenure.service.policy.retention_control.OnlineController`, re-chosen periodically by
     the sidecar): ``ttl`` gives ``t2(lambda)`` (none while uncongested), ``retain`` none.
     Without it, calibration waits are scored here (the regime choice per suspension);
     without those either, the TTL branch applies whenever the host tier is congested.
     ``declared_retention_s``, the session's own client-declared retention (its last turn's
     ``cache_control`` TTL), caps the hold while the tier is congested
-    (:func:`~service.policy.retention.bound_by_declared_retention`; reason
+    (:func:`~tenure.service.policy.retention.bound_by_declared_retention`; reason
     ``client_retention`` when it is what binds).
 
     ``rent``, the tenant's rent clock (with ``branch``), re-prices the timer while the copy
@@ -136,7 +136,7 @@ def on_suspend(
     constant price exactly ``now + t2``). A binding declared retention stays a fixed timer.
 
     ``timer_scale`` (with ``branch``): the retention rule's rent-budget scale
-    (:mod:`service.policy.retention_rule`): the ttl branch's timer is ``scale x t2`` and its
+    (:mod:`tenure.service.policy.retention_rule`): the ttl branch's timer is ``scale x t2`` and its
     rent limit ``R(now) + scale x (beta3 - beta2)``; 1 is the seed's ``t2``.
     """
     lam = retention.fixed_lambda if retention.fixed_lambda is not None else estimated_lambda

@@ -26,8 +26,8 @@ import pickle
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
 
-from service.policy.base import TierPolicy
-from service.policy.types import EvictionClass, Run, SessionHint, Victim
+from tenure.service.policy.base import TierPolicy
+from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 __all__ = ["LRUPolicy", "LRUReclaimPolicy"]
 

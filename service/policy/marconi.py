@@ -11,8 +11,8 @@ byte. Lowest utility is evicted first (tail-first); eviction-only. Defaults are 
 
 from __future__ import annotations
 
-from service.policy.sessions import SessionPolicy
-from service.policy.types import EvictionClass
+from tenure.service.policy.sessions import SessionPolicy
+from tenure.service.policy.types import EvictionClass
 
 __all__ = ["MarconiPolicy"]
 

@@ -7,8 +7,8 @@ after every longer-idle one. Eviction-only: it never refuses while anything is e
 
 from __future__ import annotations
 
-from service.policy.sessions import SessionPolicy
-from service.policy.types import EvictionClass
+from tenure.service.policy.sessions import SessionPolicy
+from tenure.service.policy.types import EvictionClass
 
 __all__ = ["MoriPolicy"]
 

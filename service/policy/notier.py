@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from service.policy.base import TierPolicy
-from service.policy.types import Run, Victim
+from tenure.service.policy.base import TierPolicy
+from tenure.service.policy.types import Run, Victim
 
 __all__ = ["InfinitePolicy", "NoTierPolicy"]
 

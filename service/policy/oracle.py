@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from service.policy.sessions import SessionPolicy
-from service.policy.types import EvictionClass
+from tenure.service.policy.sessions import SessionPolicy
+from tenure.service.policy.types import EvictionClass
 
 __all__ = ["OraclePolicy"]
 

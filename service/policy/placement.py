@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from service.policy.segments import SegmentClass
+from tenure.service.policy.segments import SegmentClass
 
 __all__ = [
     "PlacementPolicy",
@@ -122,13 +122,13 @@ class UnknownPlacementError(ValueError):
 
 
 _REGISTRY: dict[str, str] = {
-    "write-through": "service.policy.placement_baselines:WriteThrough",
-    "dram-first": "service.policy.placement_baselines:DramFirst",
-    "frequency-filter": "service.policy.placement_baselines:FrequencyFilter",
-    "store-threshold": "service.policy.placement_baselines:StoreThreshold",
-    "lachesis": "service.policy.lachesis:Lachesis",
-    "lachesis-no-ranker": "service.policy.lachesis:LachesisNoRanker",
-    "lachesis-wt": "service.policy.lachesis:LachesisWriteThrough",
+    "write-through": "tenure.service.policy.placement_baselines:WriteThrough",
+    "dram-first": "tenure.service.policy.placement_baselines:DramFirst",
+    "frequency-filter": "tenure.service.policy.placement_baselines:FrequencyFilter",
+    "store-threshold": "tenure.service.policy.placement_baselines:StoreThreshold",
+    "lachesis": "tenure.service.policy.lachesis:Lachesis",
+    "lachesis-no-ranker": "tenure.service.policy.lachesis:LachesisNoRanker",
+    "lachesis-wt": "tenure.service.policy.lachesis:LachesisWriteThrough",
 }
 
 

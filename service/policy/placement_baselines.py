@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-from service.policy.placement import PlacementPolicy, Route
-from service.policy.segments import SegmentClass
+from tenure.service.policy.placement import PlacementPolicy, Route
+from tenure.service.policy.segments import SegmentClass
 
 __all__ = ["DramFirst", "FrequencyFilter", "StoreThreshold", "WriteThrough"]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
-from service.policy.base import TierPolicy
-from service.policy.tier_view import TierView
-from service.policy.types import Run, SessionHint, Victim
+from tenure.service.policy.base import TierPolicy
+from tenure.service.policy.tier_view import TierView
+from tenure.service.policy.types import Run, SessionHint, Victim
 
 __all__ = ["PlacementGuard"]
 

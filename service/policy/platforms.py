@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.policy.retention import PriceVector
+from tenure.service.policy.retention import PriceVector
 
 __all__ = ["PLATFORMS", "Platform", "alpha1_from_pool", "get_platform"]
 

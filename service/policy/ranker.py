@@ -10,8 +10,8 @@ fan-out of siblings spawned together, the time since the session started).
 Two rankers share one interface (``predict_lifetime_s``):
 
 * :class:`RidgeRanker` — a linear model on standardised features predicting ``log`` lifetime,
-  trained offline by ``tenure train-ranker`` (:mod:`service.policy.ranker_fit`) and saved as a
-  small JSON artefact (no pickle): :meth:`RidgeRanker.load` / :meth:`RidgeRanker.to_json`.
+  trained offline by ``tenure train-ranker`` (:mod:`tenure.service.policy.ranker_fit`) and saved as
+  a small JSON artefact (no pickle): :meth:`RidgeRanker.load` / :meth:`RidgeRanker.to_json`.
 * :class:`HeuristicRanker` — the documented fallback when no artefact is loaded: the median
   lifetime of the sub-agent's type as measured on the Claude Code trace (``Explore`` 115 s,
   ``general-purpose`` 298 s, ``Plan`` 367 s; anything else 136 s, the median over all 41

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.ranker import (
+from tenure.service.policy.ranker import (
     CATEGORICAL_FEATURES,
     EXTENDED_FEATURES,
     NUMERIC_FEATURES,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
-from service.policy.base import PolicyParams, TierPolicy
+from tenure.service.policy.base import PolicyParams, TierPolicy
 
 __all__ = [
     "UnknownPolicyError",
@@ -21,19 +21,19 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, str] = {
-    "notier": "service.policy.notier:NoTierPolicy",
-    "infinite": "service.policy.notier:InfinitePolicy",
-    "lru": "service.policy.lru:LRUPolicy",
-    "lru-reclaim": "service.policy.lru:LRUReclaimPolicy",
-    "arc": "service.policy.arc:ARCPolicy",
-    "ttl": "service.policy.ttl:TTLPinPolicy",
-    "marconi": "service.policy.marconi:MarconiPolicy",
-    "mori": "service.policy.mori:MoriPolicy",
-    "tenure": "service.policy.gate:TenureGate",
-    "tenure-tags-off": "service.policy.gate:TenureTagsOff",
-    "tenure-exact-gap": "service.policy.gate:TenureExactGap",
-    "gate-only-literal": "service.policy.gate:GateOnlyLiteral",
-    "oracle": "service.policy.oracle:OraclePolicy",
+    "notier": "tenure.service.policy.notier:NoTierPolicy",
+    "infinite": "tenure.service.policy.notier:InfinitePolicy",
+    "lru": "tenure.service.policy.lru:LRUPolicy",
+    "lru-reclaim": "tenure.service.policy.lru:LRUReclaimPolicy",
+    "arc": "tenure.service.policy.arc:ARCPolicy",
+    "ttl": "tenure.service.policy.ttl:TTLPinPolicy",
+    "marconi": "tenure.service.policy.marconi:MarconiPolicy",
+    "mori": "tenure.service.policy.mori:MoriPolicy",
+    "tenure": "tenure.service.policy.gate:TenureGate",
+    "tenure-tags-off": "tenure.service.policy.gate:TenureTagsOff",
+    "tenure-exact-gap": "tenure.service.policy.gate:TenureExactGap",
+    "gate-only-literal": "tenure.service.policy.gate:GateOnlyLiteral",
+    "oracle": "tenure.service.policy.oracle:OraclePolicy",
 }
 
 

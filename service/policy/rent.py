@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.policy.retention import PriceVector
+from tenure.service.policy.retention import PriceVector
 
 __all__ = ["RentClock", "rent_budget"]
 

@@ -9,11 +9,11 @@ break-even ``t1 = beta2 / alpha1`` is about a second), then its host copy is kep
 i.e. forever while the offered suspension rate ``lambda`` stays under what ``C2`` host slots
 absorb at the reference residence ``W_ref`` (Little's law), and ever shorter above it. A
 regime-aware controller picks host-retain or the TTL branch from calibration wait samples by
-their opportunity cost in the finite host tier (:mod:`service.policy.host_loss`). The paper
+their opportunity cost in the finite host tier (:mod:`tenure.service.policy.host_loss`). The paper
 used the configured load; :class:`LambdaEstimator` (and the other estimators of
-:mod:`service.policy.rate`) estimate it online, and :mod:`service.policy.retention_control`
-re-chooses the branch while load and waits change. Costs are in GPU-seconds, times in seconds,
-rates per second.
+:mod:`tenure.service.policy.rate`) estimate it online, and
+:mod:`tenure.service.policy.retention_control` re-chooses the branch while load and waits change.
+Costs are in GPU-seconds, times in seconds, rates per second.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.policy.rate import SlidingWindowRate
+from tenure.service.policy.rate import SlidingWindowRate
 
 __all__ = [
     "DEFAULT_PRICE",

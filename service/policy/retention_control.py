@@ -2,8 +2,8 @@
 
 Both choose, for a suspended context's host copy, between two branches (seed 002, 3.4):
 ``retain`` (keep until resume) and ``ttl`` (discard after ``t2(lambda)``, the load-indexed
-timer of :func:`~service.policy.retention.host_ttl_seconds`), by scoring a sample of approval
-waits under each in the finite host tier (:mod:`service.policy.host_loss`).
+timer of :func:`~tenure.service.policy.retention.host_ttl_seconds`), by scoring a sample of approval
+waits under each in the finite host tier (:mod:`tenure.service.policy.host_loss`).
 
 * :class:`OneShotController` is the seed's: a configured ``lambda`` and one calibration sample,
   scored once (by replaying the sample as a finite episode, as the seed does); the branch is
@@ -11,9 +11,10 @@ waits under each in the finite host tier (:mod:`service.policy.host_loss`).
   estimate).
 * :class:`OnlineController` is Tenure's: ``lambda`` estimated from the suspension stream (or
   pinned), waits re-collected from observed resumes (the last ``window`` suspensions, those not
-  back yet kept as censored observations: see :class:`~service.policy.waits.SuspensionCohort`),
-  and the branch re-chosen every ``period_s`` with hysteresis (the challenger must be cheaper
-  by ``margin``) so it does not flap on sampling noise.
+  back yet kept as censored observations: see
+  :class:`~tenure.service.policy.waits.SuspensionCohort`), and the branch re-chosen every
+  ``period_s`` with hysteresis (the challenger must be cheaper by ``margin``) so it does not flap on
+  sampling noise.
 
 Pure: no I/O, no clock; time is an argument and state round-trips through ``to_state``. Every
 choice is a :class:`RetentionDecision` carrying its reason, which the sidecar logs and counts.
@@ -26,15 +27,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from service.policy.rate import (
+from tenure.service.policy.rate import (
     RateEstimator,
     rate_estimator,
     rate_estimator_from_state,
     rate_lower_bound,
 )
-from service.policy.rent import RentClock
-from service.policy.retention import alpha2
-from service.policy.retention_costs import (
+from tenure.service.policy.rent import RentClock
+from tenure.service.policy.retention import alpha2
+from tenure.service.policy.retention_costs import (
     EVALUATORS,
     Branch,
     BranchCosts,
@@ -44,7 +45,7 @@ from service.policy.retention_costs import (
     check_lambda,
     clean_waits,
 )
-from service.policy.retention_rule import (
+from tenure.service.policy.retention_rule import (
     RESAMPLES,
     TimerChoice,
     check_scale,
@@ -52,7 +53,7 @@ from service.policy.retention_rule import (
     scale_budget,
     timer_for_scale,
 )
-from service.policy.waits import SuspensionCohort, WaitWindow
+from tenure.service.policy.waits import SuspensionCohort, WaitWindow
 
 __all__ = [
     "CalibratedTimer",
@@ -80,7 +81,7 @@ class RetentionDecision:
     changed: bool
     reason: str
     #: The timer rule's rent-budget scale (multiple of ``t2``; ``None``: retain or the seed's
-    #: branch rule) and what it was chosen on (:class:`~service.policy.retention_rule.
+    #: branch rule) and what it was chosen on (:class:`~tenure.service.policy.retention_rule.
     #: TimerChoice` as a dict: costs, sample size, resamples).
     scale: float | None = None
     choice: dict[str, Any] | None = None
@@ -256,7 +257,7 @@ class CalibratedTimer:
     """The timer rule calibrated once: configured ``lambda``, one calibration sample.
 
     The scale minimises the expected cost on the sample at the configured ``lambda``
-    (:func:`~service.policy.retention_rule.choose_timer`, the seed's episode score by
+    (:func:`~tenure.service.policy.retention_rule.choose_timer`, the seed's episode score by
     default, over bootstrap resamples); the timer at another ``lambda`` (an online estimate)
     is that scale times ``t2`` there, or with the rent clock the scale's rent budget.
     """
@@ -288,7 +289,7 @@ class CalibratedTimer:
 class OnlineSettings:
     """Knobs of the online controller (defaults: the drift experiment's choice)."""
 
-    #: Rate estimator spec (:func:`service.policy.rate.rate_estimator`).
+    #: Rate estimator spec (:func:`tenure.service.policy.rate.rate_estimator`).
     estimator: str = "changepoint:300"
     #: Re-choose the branch this often (seconds).
     period_s: float = 900.0
@@ -309,10 +310,10 @@ class OnlineSettings:
     #: timer too short costs far more than one a little too long.
     lambda_z: float = 1.0
     #: ``repriced``: a held copy expires when the rent clock reaches its limit (the price
-    #: follows lambda while it is held, :mod:`service.policy.rent`); ``oneshot``: at ``t2`` of
-    #: the lambda at its suspension (the seed's timer). Equal while lambda stays put.
+    #: follows lambda while it is held, :mod:`tenure.service.policy.rent`); ``oneshot``: at ``t2``
+    #: of the lambda at its suspension (the seed's timer). Equal while lambda stays put.
     timer: Literal["repriced", "oneshot"] = "repriced"
-    #: ``timer``: the retention rule (:mod:`service.policy.retention_rule`: a rent-budget
+    #: ``timer``: the retention rule (:mod:`tenure.service.policy.retention_rule`: a rent-budget
     #: scale from a fine grid, the sample's uncertainty priced in by bootstrap resamples);
     #: ``branch``: the seed's two branches (retain, or ``t2``; the default here, so that a
     #: bare ``OnlineSettings()`` is the controller of issue 13; the sidecar and the replay
@@ -325,7 +326,7 @@ class OnlineSettings:
     #: Bootstrap resamples of the timer rule's expected cost.
     resamples: int = RESAMPLES
     #: The timer rule completes a sample whose mean is below ``W_ref`` with a far tail
-    #: (:func:`~service.policy.retention_rule.choose_timer`'s ``mean_prior_s``): waits longer
+    #: (:func:`~tenure.service.policy.retention_rule.choose_timer`'s ``mean_prior_s``): waits longer
     #: than the hours a sample was collected over are missing from it.
     tail_prior: bool = True
 
@@ -373,7 +374,7 @@ class OnlineController:
     decisions: int = 0
     switches: int = 0
     #: The congestion rent a held copy pays, re-priced at every suspension and decision
-    #: (:mod:`service.policy.rent`).
+    #: (:mod:`tenure.service.policy.rent`).
     rent: RentClock = field(default_factory=RentClock)
     #: The timer rule's rent-budget scale in use (``None``: retain); the branch rule's is 1
     #: on ttl. Starts at the initial branch's.

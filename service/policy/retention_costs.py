@@ -1,11 +1,11 @@
 """What each host-retention branch costs on a sample of approval waits, in the finite tier.
 
 The two branches of seed 002, 3.4 - ``retain`` (keep the host copy until resume) and ``ttl``
-(discard after ``t2(lambda)``, :func:`~service.policy.retention.host_ttl_seconds`) - scored by
-replaying the waits in a loss system of ``C2`` host slots (:mod:`service.policy.host_loss`):
-:func:`branch_costs` per context, :func:`choose_regime` the one-shot choice between them. The
-controllers that re-choose online are in :mod:`service.policy.retention_control`. Pure: no
-I/O, no clock.
+(discard after ``t2(lambda)``, :func:`~tenure.service.policy.retention.host_ttl_seconds`) - scored
+by replaying the waits in a loss system of ``C2`` host slots
+(:mod:`tenure.service.policy.host_loss`): :func:`branch_costs` per context, :func:`choose_regime`
+the one-shot choice between them. The controllers that re-choose online are in
+:mod:`tenure.service.policy.retention_control`. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from service.policy.host_loss import episode_cost, poisson_arrivals, steady_state_cost
-from service.policy.retention import PriceVector, host_ttl_seconds, lambda_crit
+from tenure.service.policy.host_loss import episode_cost, poisson_arrivals, steady_state_cost
+from tenure.service.policy.retention import PriceVector, host_ttl_seconds, lambda_crit
 
 __all__ = [
     "EPISODE_DRAWS",
@@ -40,7 +40,7 @@ EVALUATORS: tuple[Evaluator, ...] = ("steady", "episode")
 #: Arrival streams (each with its own order of the waits) an ``episode`` score averages over.
 #: The stream is the scorer's own randomness, not calibration data, and it was most of the
 #: score's noise: on the mixture at 2 x lambda_crit (100 samples of 4,000 waits,
-#: ``python -m service.replay.ttl_diagnose``) ttl - retain has sd 3.4% with one stream and
+#: ``python -m tenure.service.replay.ttl_diagnose``) ttl - retain has sd 3.4% with one stream and
 #: 1.45% with 16, and one stream picked the costlier branch for 20 of 100 samples, 16 for none.
 #: 16 cut the stream part by 4, under the samples' own spread (about 1.2%): more streams would
 #: narrow the score little, at proportional cost.
@@ -192,7 +192,7 @@ def choose_regime(
     """Score the calibration waits under host-retain and ``cpu_ttl(lambda)``; keep the cheaper.
 
     The two are scored in the finite host tier as a loss system (long-run cost per context,
-    :func:`service.policy.host_loss.steady_state_cost`), not with the mean-field ``alpha2``
+    :func:`tenure.service.policy.host_loss.steady_state_cost`), not with the mean-field ``alpha2``
     charge: that charge only derives ``t2`` and, used to score, it prefers expiry whenever the
     mean residual wait beyond ``t2`` exceeds ``t2`` (memoryless waits included), which the
     finite-capacity replay refutes. Without congestion both branches keep every copy and

@@ -7,7 +7,7 @@ minimum (the timer that just fills the ``C2`` host slots: shorter, copies expire
 have come back; longer, the tier blocks new ones), so a coarse family cannot express it.
 
 The rule here chooses the **rent budget** of a held copy instead of a branch: a copy
-suspended at ``s`` expires when the tenant's rent clock (:mod:`service.policy.rent`) reaches
+suspended at ``s`` expires when the tenant's rent clock (:mod:`tenure.service.policy.rent`) reaches
 ``R(s) + scale x (beta3 - beta2)``. ``scale = 1`` is the seed's ``t2`` (the break-even), any
 other scale a timer ``scale x t2(lambda)`` at a constant price, re-priced like ``t2`` when
 lambda moves; ``None`` keeps the copy until resume (retain). Below ``lambda_crit`` the price is
@@ -18,7 +18,7 @@ grid, then a fine one around its best), the expectation taken over Bayesian-boot
 resamples of the wait sample: a small or drifting sample's uncertainty is priced in (a timer
 on the edge of the cliff costs a lot in the resamples that have a little more mass beyond
 it, so the choice backs off the edge by what the sample cannot rule out). The cost of one
-candidate on one resample is the core's loss-system score (:mod:`service.policy.host_loss`):
+candidate on one resample is the core's loss-system score (:mod:`tenure.service.policy.host_loss`):
 ``steady`` (Erlang B, the long-run cost of a running tier) or ``episode`` (the seed's finite
 replay from an empty tier, all candidates on the same arrival stream). Pure: no I/O, no clock.
 """
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.host_loss import episode_cost, erlang_b, poisson_arrivals
-from service.policy.rent import rent_budget
-from service.policy.retention_costs import (
+from tenure.service.policy.host_loss import episode_cost, erlang_b, poisson_arrivals
+from tenure.service.policy.rent import rent_budget
+from tenure.service.policy.retention_costs import (
     EVALUATORS,
     Evaluator,
     RetentionModel,

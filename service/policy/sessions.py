@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from service.policy.base import PolicyParams, TierPolicy
-from service.policy.types import EvictionClass, Run, SessionHint, Victim
+from tenure.service.policy.base import PolicyParams, TierPolicy
+from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
 
 __all__ = ["SessionLife", "SessionPolicy"]
 

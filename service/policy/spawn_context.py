@@ -1,6 +1,6 @@
 """What a spawn knows of its parent: the one derivation the replay and the sidecar share.
 
-The worker ranker's parent-side features (:class:`~service.policy.ranker.SpawnRecord`) are
+The worker ranker's parent-side features (:class:`~tenure.service.policy.ranker.SpawnRecord`) are
 derived here once, from two small facts both sides observe:
 
 * :class:`ParentCall`, the parent's latest call before the spawn (the call whose tool use
@@ -11,9 +11,9 @@ derived here once, from two small facts both sides observe:
   the sum of their log lifetimes (a geometric mean needs only the sum and the count, so the
   sidecar keeps three counters per parent instead of a list).
 
-The replay reads them from a trace (:mod:`service.replay.loaders.claude_code_meta`: ``in``,
+The replay reads them from a trace (:mod:`tenure.service.replay.loaders.claude_code_meta`: ``in``,
 ``out``, ``output_types``, ``input_types``, ``think_time``, each sub-agent's ``t`` and
-lifetime); the sidecar from what it proxies (:mod:`service.api.segments.tracker`: the
+lifetime); the sidecar from what it proxies (:mod:`tenure.service.api.segments.tracker`: the
 response's usage and reasoning, the request's last messages, its own clock, counters in Redis).
 Pure: no I/O, no clock reads.
 """
@@ -127,7 +127,7 @@ def input_types(messages: Sequence[Any] | None) -> tuple[str, ...]:
 
 
 def parent_features(call: ParentCall | None, history: WorkerHistory) -> dict[str, Any]:
-    """The :class:`~service.policy.ranker.SpawnRecord` fields a spawn takes from its parent
+    """The :class:`~tenure.service.policy.ranker.SpawnRecord` fields a spawn takes from its parent
     (names as the record's; ``None``: the parent has made no call yet)."""
     c = call if call is not None else ParentCall()
     return {

@@ -3,7 +3,7 @@
 Residency is one ``bytearray`` bitmap per segment, so the hot operations (prefix lookup, finding
 the missing part of an offer, marking a run stored or evicted) are single C-level ``find`` /
 slice calls instead of per-block Python loops. The tier is the *manager* of vLLM's design: it
-keeps the books and enforces the contract; :class:`~service.policy.base.TierPolicy` decides.
+keeps the books and enforces the contract; :class:`~tenure.service.policy.base.TierPolicy` decides.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterator, Sequence
 
-from service.policy.base import TierPolicy
-from service.policy.types import Run, SessionHint, StoreResult, Victim
+from tenure.service.policy.base import TierPolicy
+from tenure.service.policy.types import Run, SessionHint, StoreResult, Victim
 
 __all__ = ["HostTier"]
 

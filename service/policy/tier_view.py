@@ -1,6 +1,6 @@
 """What a policy may read of the tier that owns it: a narrow, read-only view.
 
-A policy decides; the :class:`~service.policy.tier.HostTier` keeps the books and calls the
+A policy decides; the :class:`~tenure.service.policy.tier.HostTier` keeps the books and calls the
 policy. The policy reads residency back through this protocol only, so ``base.py`` (the
 contract) does not import ``tier.py`` (its one implementation) and a policy cannot mutate the
 tier's books behind its back: every change goes through the tier's own methods.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
-from service.policy.types import Run
+from tenure.service.policy.types import Run
 
 __all__ = ["TierView"]
 

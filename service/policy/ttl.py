@@ -8,8 +8,8 @@ expiry first. A store is refused only when nothing else is resident.
 
 from __future__ import annotations
 
-from service.policy.sessions import SessionPolicy
-from service.policy.types import EvictionClass
+from tenure.service.policy.sessions import SessionPolicy
+from tenure.service.policy.types import EvictionClass
 
 __all__ = ["TTLPinPolicy"]
 

@@ -4,7 +4,7 @@ One way to run a helper process on this machine: :class:`ManagedProcess` (its ow
 group and log file, readiness polled, TERM then KILL on stop), one way to start
 ``redis-server`` (:func:`redis_argv` / :func:`start_redis`), and the small standard-library
 HTTP helpers the launchers use to poll what they started (they must not need the web stack).
-Everything binds 127.0.0.1. Imported by the top of the house only (``service.stack``,
+Everything binds 127.0.0.1. Imported by the top of the house only (``tenure.service.stack``,
 ``benchmarks``, tests); it imports nothing of the project.
 """
 

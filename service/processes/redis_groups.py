@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from service.processes import (
+from tenure.service.processes import (
     ManagedProcess,
     StackError,
     free_port,
@@ -77,7 +77,7 @@ class RedisNode:
         self.port = port or free_port()
         self.directory = workdir / f"{name}-{self.port}"
         self.directory.mkdir(parents=True, exist_ok=True)
-        #: Directives beyond :func:`~service.processes.redis_argv`'s (replication, cluster).
+        #: Directives beyond :func:`~tenure.service.processes.redis_argv`'s (replication, cluster).
         self.args = args
         self.sentinel_config = sentinel_config
         self.process: ManagedProcess | None = None

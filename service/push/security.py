@@ -1,6 +1,6 @@
 """Securing the push socket: CURVE keys, the ZAP allow-list of adapter keys, ``ipc://`` modes.
 
-The threat model is in :mod:`service.push.server`'s docstring.
+The threat model is in :mod:`tenure.service.push.server`'s docstring.
 """
 
 from __future__ import annotations

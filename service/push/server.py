@@ -1,6 +1,6 @@
 """The sidecar side of the push channel: a ZeroMQ ROUTER that adapters' DEALERs connect to.
 
-The protocol is documented in :mod:`service.wire.push`. This side:
+The protocol is documented in :mod:`tenure.service.wire.push`. This side:
 
 * tails the decision stream in Redis and forwards every decision, in sequence order, to every
   adapter heard from recently. The stream is written by every replica, so an adapter connected
@@ -14,7 +14,7 @@ The protocol is documented in :mod:`service.wire.push`. This side:
 
 Redis or adapter failures never propagate: the loops log, count, back off and carry on.
 
-Threat model (the measures are in :mod:`service.push.security`). Whoever can connect to the
+Threat model (the measures are in :mod:`tenure.service.push.security`). Whoever can connect to the
 ROUTER receives every decision of every tenant (tenant-scoped session ids, their states and
 wake-ups) and can send residency reports that feed ``/metrics``; whoever can pose as the
 sidecar to an adapter can push ``finished`` decisions that reclaim any session's host KV. So:
@@ -26,7 +26,7 @@ sidecar to an adapter can push ``finished`` decisions that reclaim any session's
   public key (nobody else can pose as it); with ``client_keys`` only the listed adapter keys
   may connect (ZAP), and each adapter's label in metrics is the name its key was given;
 * nothing a peer sends is trusted as a label: without CURVE names, adapter ids, tier and
-  eviction-class names are bounded (``service.metrics.LabelBudget``); peers are capped at
+  eviction-class names are bounded (``tenure.service.metrics.LabelBudget``); peers are capped at
   ``max_adapters``; snapshots per peer are rate-limited (each is the whole decision table);
   frames over 1 MiB drop the connection.
 
@@ -49,11 +49,11 @@ import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from service.metrics import OTHER, Metrics
-from service.push.security import PushSecurity, bind_ipc, secure_socket
-from service.state.breaker import StateUnavailable
-from service.state.store import StateStore
-from service.wire.push import (
+from tenure.service.metrics import OTHER, Metrics
+from tenure.service.push.security import PushSecurity, bind_ipc, secure_socket
+from tenure.service.state.breaker import StateUnavailable
+from tenure.service.state.store import StateStore
+from tenure.service.wire.push import (
     Decision,
     Hello,
     Message,

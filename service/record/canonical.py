@@ -8,7 +8,7 @@ that turn's end. Arrival times are kept as ``arrival_s`` (seconds since the reco
 request; the replay draws its own Poisson arrivals and ignores them).
 
 **Blocks from bytes.** The recording has no tokens, only chained hashes of request pieces
-(:mod:`service.record.events`) and each call's prompt token count. Every piece is given a
+(:mod:`tenure.service.record.events`) and each call's prompt token count. Every piece is given a
 fixed token extent the first time any turn carries it: a turn's pieces already known keep
 theirs, and the tokens the turn has beyond them are spread over its new pieces in proportion to
 their bytes. A ``block_tokens`` block of a turn is then named by the piece its last token falls
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.record.events import RecordedTurn
+from tenure.service.record.events import RecordedTurn
 
 __all__ = ["BYTES_PER_TOKEN_GUESS", "ExportSummary", "to_canonical"]
 

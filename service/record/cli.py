@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["configure"]
 

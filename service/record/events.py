@@ -67,7 +67,7 @@ class RecordedTurn(msgspec.Struct, omit_defaults=True):
     chunk_bytes: int = 256  # request bytes per hash when this turn was recorded
     route: str = "chat"  # the API it came through: chat, messages, responses
     #: The sidecar inferred the run's end at this turn (a one-shot harness's final answer, a
-    #: sub-agent's answer; service.harness.profiles): what the replay's inferred ends apply.
+    #: sub-agent's answer; tenure.service.harness.profiles): what the replay's inferred ends apply.
     likely_end: bool = False
 
 

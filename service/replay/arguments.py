@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["int_list", "number"]
 

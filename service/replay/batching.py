@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from service.replay.model import slice_runs
-from service.replay.requests import Request
-from service.replay.sim_state import LOAD, STEP, SimState, Span
+from tenure.service.replay.model import slice_runs
+from tenure.service.replay.requests import Request
+from tenure.service.replay.sim_state import LOAD, STEP, SimState, Span
 
 __all__ = ["Batching"]
 

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.policy.types import Run
-from service.replay.hardware import HardwareProfile
+from tenure.service.policy.types import Run
+from tenure.service.replay.hardware import HardwareProfile
 
 __all__ = ["Access", "BlockWork", "Bound", "block_work", "prefill_bound", "saved_work"]
 

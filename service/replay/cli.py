@@ -1,10 +1,11 @@
 """``tenure replay ladder`` and ``tenure replay sweep``: the policy ladder on a trace.
 
-(``tenure replay ttl``, the approval-gate host TTL replay, lives in :mod:`service.replay.ttl_cli`;
-``tenure replay placement``, SSD-tier placement, in :mod:`service.replay.placement_cli`.)
+(``tenure replay ttl``, the approval-gate host TTL replay, lives in
+:mod:`tenure.service.replay.ttl_cli`; ``tenure replay placement``, SSD-tier placement, in
+:mod:`tenure.service.replay.placement_cli`.)
 
 Bad input (a malformed or truncated trace, an unknown policy or hardware name, a negative rate
-or capacity) raises :class:`~service.errors.UsageError`: one line, exit code 2, no traceback.
+or capacity) raises :class:`~tenure.service.errors.UsageError`: one line, exit code 2, no traceback.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
-from service.replay.arguments import int_list, number
+from tenure.service.errors import UsageError
+from tenure.service.replay.arguments import int_list, number
 
 __all__ = ["configure"]
 
@@ -70,8 +71,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--param", required=True, choices=("arrival-rate", "host-gib"))
     sweep.add_argument("--values", required=True, help="comma-separated values")
     sweep.set_defaults(func=_sweep)
-    from service.replay import ttl_cli
-    from service.replay.placement_cli import add_placement_command
+    from tenure.service.replay import ttl_cli
+    from tenure.service.replay.placement_cli import add_placement_command
 
     ttl_cli.configure(
         subs.add_parser("ttl", help="approval-gate host TTL: Table 6 and a drift day")
@@ -89,9 +90,9 @@ class _Options:
     """Validated command-line options (all bad input rejected before any work starts)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from service.policy import UnknownPolicyError, policy_class
-        from service.replay.experiment import all_policies, default_jobs, order_policies
-        from service.replay.hardware import get_profile
+        from tenure.service.policy import UnknownPolicyError, policy_class
+        from tenure.service.replay.experiment import all_policies, default_jobs, order_policies
+        from tenure.service.replay.hardware import get_profile
 
         self.rate = number(args.arrival_rate, "--arrival-rate", positive=True)
         self.host_gib = number(args.host_gib, "--host-gib", positive=False)
@@ -138,7 +139,7 @@ class _Options:
                 raise UsageError(f"{out}: the directory {out.parent} does not exist")
 
     def load(self) -> Any:
-        from service.replay.loaders import load_trace
+        from tenure.service.replay.loaders import load_trace
 
         trace = load_trace(self.trace_path, self.format)
         if self.max_sessions is not None:
@@ -146,7 +147,7 @@ class _Options:
         return trace
 
     def spec(self) -> Any:
-        from service.replay.experiment import LadderSpec
+        from tenure.service.replay.experiment import LadderSpec
 
         return LadderSpec(
             tuple(self.policies),
@@ -171,9 +172,9 @@ class _Options:
 
 
 def _ladder(args: argparse.Namespace) -> int:
-    from service.replay.experiment import build_ladder, ladder_configs, run_grid
-    from service.replay.progress import ProgressBar
-    from service.replay.table import ladder_table
+    from tenure.service.replay.experiment import build_ladder, ladder_configs, run_grid
+    from tenure.service.replay.progress import ProgressBar
+    from tenure.service.replay.table import ladder_table
 
     opts = _Options(args)
     trace = opts.load()
@@ -188,9 +189,9 @@ def _ladder(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from service.replay.experiment import build_ladder, ladder_configs, run_grid, sweep_specs
-    from service.replay.progress import ProgressBar
-    from service.replay.table import ladder_table
+    from tenure.service.replay.experiment import build_ladder, ladder_configs, run_grid, sweep_specs
+    from tenure.service.replay.progress import ProgressBar
+    from tenure.service.replay.table import ladder_table
 
     opts = _Options(args)
     positive = args.param == "arrival-rate"
@@ -216,7 +217,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _write(opts: _Options, doc: dict[str, Any], kind: str) -> None:
-    from service.replay.plot import plot_ladder, plot_sweep
+    from tenure.service.replay.plot import plot_ladder, plot_sweep
 
     if opts.json is not None:
         opts.json.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n", encoding="utf-8")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from service.policy.placement import create_placement
-from service.replay.hardware import HardwareProfile, SsdProfile
+from tenure.service.policy.placement import create_placement
+from tenure.service.replay.hardware import HardwareProfile, SsdProfile
 
 __all__ = ["ENDS", "ReplayConfig", "TieringConfig", "WorkloadNotes"]
 
@@ -25,7 +25,7 @@ class ReplayConfig:
     #: An SSD tier below the host tier and its placement (``None``: the host tier only).
     tiering: TieringConfig | None = None
     #: Record the run's accesses and compute the bound on the prefill work its host tier could
-    #: have saved (:mod:`service.replay.bound`; host tier only, ignored with ``tiering``).
+    #: have saved (:mod:`tenure.service.replay.bound`; host tier only, ignored with ``tiering``).
     bound: bool = False
     #: How a session's end is known: ``declared`` (each session's final turn declares
     #: ``last_turn``, the trace format's rule), ``inferred`` (nothing is declared; a turn the

@@ -9,10 +9,10 @@ admission order up to ``max_num_batched_tokens``). Time advances span to span: a
 of identical engine steps (same batch, same chunk sizes) whose length is the number of steps
 until the batch must change (a prefill finishes, a decode finishes, or a request arrives or
 finishes loading, which truncates the span at the next step boundary). Step time is the
-hardware roofline (:mod:`service.replay.hardware`) at the span's mean positions.
+hardware roofline (:mod:`tenure.service.replay.hardware`) at the span's mean positions.
 
-GPU pool: :class:`~service.replay.gpu_pool.GpuPrefixCache`. Host tier:
-:class:`~service.policy.tier.HostTier` governed by the policy under test, with loads on the
+GPU pool: :class:`~tenure.service.replay.gpu_pool.GpuPrefixCache`. Host tier:
+:class:`~tenure.service.policy.tier.HostTier` governed by the policy under test, with loads on the
 critical path of a request at PCIe bandwidth (FIFO over one host->GPU link) and stores off it.
 
 Which calls count as a use of a host block (vLLM 0.32's ``OffloadingConnectorScheduler`` with
@@ -36,7 +36,7 @@ Which calls count as a use of a host block (vLLM 0.32's ``OffloadingConnectorSch
 
 Hints by ``policy_class(name).hint_source``: ``predicted`` — at a request's start the expected
 gap after it is predicted from the previous response's stop reason by a
-:class:`~service.policy.gap.GapPredictor` trained online on the gaps observed so far in this
+:class:`~tenure.service.policy.gap.GapPredictor` trained online on the gaps observed so far in this
 run, refined at completion with the response's own stop reason; ``exact`` — the true next gap
 from the trace; ``none`` — no hints. ``last_turn`` is declared on a session's final request for
 every hint-using policy. Hint-using policies also get the harness's view of a divergence: when
@@ -48,8 +48,8 @@ Sessions whose largest call cannot fit the GPU KV pool are skipped whole (and co
 would reject such a prompt.
 
 With ``ReplayConfig.tiering`` an SSD tier sits below the host tier, governed by a placement
-policy: :mod:`service.replay.tiering` creates the host tier and is called at the lookup, load,
-store, arrival and completion hooks marked ``sim.lower`` (nothing changes without it).
+policy: :mod:`tenure.service.replay.tiering` creates the host tier and is called at the lookup,
+load, store, arrival and completion hooks marked ``sim.lower`` (nothing changes without it).
 """
 
 from __future__ import annotations
@@ -60,15 +60,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import cast
 
-from service.replay.batching import Batching
-from service.replay.bound import Access, block_work, prefill_bound, saved_work
-from service.replay.config import ReplayConfig
-from service.replay.hardware import GIB
-from service.replay.model import Trace
-from service.replay.requests import Request
-from service.replay.results import RunResult, time_weighted_p95
-from service.replay.sim_state import ARRIVAL, LOAD, STEP, SimState
-from service.replay.workload import Workload
+from tenure.service.replay.batching import Batching
+from tenure.service.replay.bound import Access, block_work, prefill_bound, saved_work
+from tenure.service.replay.config import ReplayConfig
+from tenure.service.replay.hardware import GIB
+from tenure.service.replay.model import Trace
+from tenure.service.replay.requests import Request
+from tenure.service.replay.results import RunResult, time_weighted_p95
+from tenure.service.replay.sim_state import ARRIVAL, LOAD, STEP, SimState
+from tenure.service.replay.workload import Workload
 
 __all__ = ["simulate"]
 
@@ -81,7 +81,7 @@ class _Sim:
     ) -> None:
         lower_tier = None
         if config.tiering is not None:
-            from service.replay.tiering import LowerTier
+            from tenure.service.replay.tiering import LowerTier
 
             lower_tier = LowerTier
         self.sim = SimState(trace, config, progress, lower_tier)

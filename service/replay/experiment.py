@@ -1,6 +1,6 @@
 """Experiments: the policy ladder and the operating-envelope sweep, runs in parallel processes.
 
-Each (policy, seed, point) is one :func:`~service.replay.engine.simulate` call in a worker
+Each (policy, seed, point) is one :func:`~tenure.service.replay.engine.simulate` call in a worker
 process; the trace is loaded once in the parent and inherited by the workers (fork), never
 pickled per task. Results are assembled into the JSON documented in the issue.
 """
@@ -14,14 +14,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.policy import policy_class, policy_names
-from service.replay.config import ReplayConfig
-from service.replay.engine import simulate
-from service.replay.hardware import GIB, HardwareProfile
-from service.replay.metrics import samples, summarize
-from service.replay.model import Trace
-from service.replay.results import RunResult
-from service.replay.stats import paired_delta
+from tenure.service.policy import policy_class, policy_names
+from tenure.service.replay.config import ReplayConfig
+from tenure.service.replay.engine import simulate
+from tenure.service.replay.hardware import GIB, HardwareProfile
+from tenure.service.replay.metrics import samples, summarize
+from tenure.service.replay.model import Trace
+from tenure.service.replay.results import RunResult
+from tenure.service.replay.stats import paired_delta
 
 __all__ = [
     "LADDER_ORDER",
@@ -69,7 +69,7 @@ class LadderSpec:
     seeds: tuple[int, ...]
     boot: int
     paired_vs: tuple[str, ...] = PAIRED_BASELINES
-    #: Compute every run's bound on saved prefill work (:mod:`service.replay.bound`).
+    #: Compute every run's bound on saved prefill work (:mod:`tenure.service.replay.bound`).
     bound: bool = True
     #: How sessions' ends are known (:attr:`ReplayConfig.ends`).
     ends: str = "declared"

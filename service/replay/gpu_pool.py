@@ -4,9 +4,9 @@ vLLM keeps a finished request's full blocks cached (hashed) and puts them on a f
 reverse order, so a request's tail is evicted before its head, and evicts from the queue head
 (least recently freed first) when a new allocation needs room. A block in use by a running
 request is never evicted. Because every context is a path of segment prefixes
-(:mod:`service.replay.model`) and eviction is tail-first, what a segment keeps cached is always a
-prefix of it: the pool stores one cached length per segment and a free queue of segments, so
-every operation costs per segment, not per block.
+(:mod:`tenure.service.replay.model`) and eviction is tail-first, what a segment keeps cached is
+always a prefix of it: the pool stores one cached length per segment and a free queue of segments,
+so every operation costs per segment, not per block.
 
 Admission reserves a request's whole footprint up front (its context plus output), so there is
 no preemption; vLLM allocates step by step and preempts on shortage, which this model trades for
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from service.policy.types import Run
+from tenure.service.policy.types import Run
 
 __all__ = ["GpuPrefixCache"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from service.policy.endurance import Endurance
+from tenure.service.policy.endurance import Endurance
 
 __all__ = [
     "PROFILES",
@@ -213,9 +213,9 @@ PROFILES: dict[str, HardwareProfile] = {
 
 
 # The live A/B's engine (``tenure up``): vLLM's CPU build serving the tiny random-weight Llama
-# (service.tools.tiny_model: hidden 256, MLP 512, 2 layers, 4 heads x 64, vocabulary
+# (tenure.service.tools.tiny_model: hidden 256, MLP 512, 2 layers, 4 heads x 64, vocabulary
 # 2051) in float32 on this 2-core VM. Shape and batch limits are the engine's configuration
-# (service.live.cli.ENGINE_DEFAULTS). The speeds are one `tenure calibrate-profile` run
+# (tenure.service.live.cli.ENGINE_DEFAULTS). The speeds are one `tenure calibrate-profile` run
 # (results/live/profile_cpu.json: vLLM's own per-request prefill/decode timers and its
 # offloading worker's transfer counters, median of 5), taken before the A/B it is compared
 # with and never fitted to a result: step overhead = the median decode step of a 16-token
@@ -268,7 +268,7 @@ def _profile_dirs() -> list[Path]:
 
 def load_profile_file(path: Path) -> HardwareProfile:
     """A profile file written by ``tenure calibrate-profile --gpu`` (its ``profile`` part)."""
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -290,7 +290,7 @@ def _file_profiles() -> dict[str, Path]:
 def get_profile(name: str) -> HardwareProfile:
     """A spec profile of :data:`PROFILES`, or a measured one by its file name (without .json)
     in ``$TENURE_HARDWARE_PATH`` or :data:`PROFILE_DIR`."""
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     profile = PROFILES.get(name)
     if profile is not None:
@@ -362,7 +362,7 @@ SSD_PROFILES: dict[str, SsdProfile] = {
 
 
 def get_ssd(name: str) -> SsdProfile:
-    from service.errors import UsageError
+    from tenure.service.errors import UsageError
 
     profile = SSD_PROFILES.get(name)
     if profile is None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from service.replay.results import RunResult
-from service.replay.stats import SeedSample, bootstrap_ci, clustered_ci, percentile
+from tenure.service.replay.results import RunResult
+from tenure.service.replay.stats import SeedSample, bootstrap_ci, clustered_ci, percentile
 
 __all__ = ["samples", "summarize"]
 
@@ -64,7 +64,7 @@ def summarize(runs: Sequence[RunResult], boot: int) -> dict[str, Any]:
         "mean_ttft_s": float(pooled_ttft.mean()) if pooled_ttft.size else float("nan"),
         "host_hit_rate": hit / could if could else 0.0,
         # Prefill work saved by host hits over the bound on it for the same run's accesses
-        # (service.replay.bound), summed over seeds; None when no run computed the bound.
+        # (tenure.service.replay.bound), summed over seeds; None when no run computed the bound.
         "saved_over_bound": (saved / bound if bound > 0 else 1.0) if bounded else None,
         "saved_over_bound_per_seed": [
             r.saved_work / r.bound_work if r.bound_work > 0 else 1.0 for r in bounded

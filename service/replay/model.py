@@ -1,9 +1,9 @@
 """The in-memory trace model every loader produces and the engine model replays.
 
 A trace is a list of sessions; a session is a list of turns (LLM calls). A turn's input is a
-tuple of :class:`~service.policy.types.Run` values over *segments*: a segment is one contiguous,
-append-only run of blocks whose block ``i`` always holds the same content. Block ids from the
-trace are resolved into segments once, at load time, by :class:`SegmentBuilder`:
+tuple of :class:`~tenure.service.policy.types.Run` values over *segments*: a segment is one
+contiguous, append-only run of blocks whose block ``i`` always holds the same content. Block ids
+from the trace are resolved into segments once, at load time, by :class:`SegmentBuilder`:
 
 * a turn that extends its previous turn appends to the same segment;
 * a turn whose block list diverges (the usual "all but the last block" rewrite of a Claude
@@ -23,7 +23,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from service.policy.types import Run
+from tenure.service.policy.types import Run
 
 __all__ = [
     "BlockIdRun",

@@ -2,7 +2,7 @@
 
 Bad input (a missing or malformed trace, a trace of another format, unknown hardware / SSD /
 contender names, a bad ranker artefact, non-positive rates or capacities) raises
-:class:`~service.errors.UsageError`: one line, exit code 2.
+:class:`~tenure.service.errors.UsageError`: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["add_placement_command"]
 
@@ -58,23 +58,23 @@ def add_placement_command(subs: Any) -> None:
 def _placement(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from service.errors import TraceError
-    from service.policy.ranker import RankerArtefactError, RidgeRanker
-    from service.replay.arguments import int_list, number
-    from service.replay.experiment import default_jobs
-    from service.replay.hardware import GIB, get_profile, get_ssd
-    from service.replay.loaders import detect_format, load_trace
-    from service.replay.loaders.claude_code_meta import load_claude_code_meta
-    from service.replay.placement_exp import (
+    from tenure.service.errors import TraceError
+    from tenure.service.policy.ranker import RankerArtefactError, RidgeRanker
+    from tenure.service.replay.arguments import int_list, number
+    from tenure.service.replay.experiment import default_jobs
+    from tenure.service.replay.hardware import GIB, get_profile, get_ssd
+    from tenure.service.replay.loaders import detect_format, load_trace
+    from tenure.service.replay.loaders.claude_code_meta import load_claude_code_meta
+    from tenure.service.replay.placement_exp import (
         CONTENDERS,
         PlacementSpec,
         Split,
         placement_sessions,
         run_placement,
     )
-    from service.replay.placement_report import placement_table, plot_placement
-    from service.replay.progress import ProgressBar
-    from service.replay.reasoning import estimate_reasoning
+    from tenure.service.replay.placement_report import placement_table, plot_placement
+    from tenure.service.replay.progress import ProgressBar
+    from tenure.service.replay.reasoning import estimate_reasoning
 
     hardware = get_profile(args.hardware)
     ssd = get_ssd(args.ssd)

@@ -7,7 +7,7 @@ SLO is a multiple of the *unloaded* p95 turn latency (write-through at a low ref
 split); the load a contender's SLO admits is the highest grid rate at which its p95 JCT meets it,
 and its projected device-years are the SSD's rated endurance over the write rate it sustains at
 that load (24x7). Everything is deterministic per seed; runs go through
-:func:`~service.replay.experiment.run_grid` (parallel processes).
+:func:`~tenure.service.replay.experiment.run_grid` (parallel processes).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.ranker import HeuristicRanker, RidgeRanker
-from service.policy.ranker_fit import LabeledSpawn, cross_validate
-from service.replay.config import ReplayConfig, TieringConfig, WorkloadNotes
-from service.replay.experiment import run_grid
-from service.replay.hardware import GIB, HardwareProfile, SsdProfile
-from service.replay.loaders.claude_code_meta import TraceMeta
-from service.replay.model import Trace
-from service.replay.reasoning import ReasoningEstimate
-from service.replay.results import RunResult
+from tenure.service.policy.ranker import HeuristicRanker, RidgeRanker
+from tenure.service.policy.ranker_fit import LabeledSpawn, cross_validate
+from tenure.service.replay.config import ReplayConfig, TieringConfig, WorkloadNotes
+from tenure.service.replay.experiment import run_grid
+from tenure.service.replay.hardware import GIB, HardwareProfile, SsdProfile
+from tenure.service.replay.loaders.claude_code_meta import TraceMeta
+from tenure.service.replay.model import Trace
+from tenure.service.replay.reasoning import ReasoningEstimate
+from tenure.service.replay.results import RunResult
 
 __all__ = [
     "BASELINES",

@@ -107,7 +107,7 @@ def _decomposition(c: Mapping[str, Any]) -> list[str]:
 
 def plot_placement(doc: Mapping[str, Any], path: Path) -> None:
     """Device-years (log) with the warranty line, share of writes kept off the SSD, p95 vs SLO."""
-    from service.replay.plot import _pyplot
+    from tenure.service.replay.plot import _pyplot
 
     plt = _pyplot()
     configs = doc["configs"]

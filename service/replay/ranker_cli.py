@@ -6,9 +6,9 @@ call and the session's earlier workers), beside the simple heuristics (by sub-ag
 size, by position in a fan-out, by how many workers the session spawned before), then fits the
 final model on every spawn (ridge penalty chosen by leave-one-session-out) and writes it as
 JSON: the artefact the adapter and the sidecar load
-(:meth:`service.policy.ranker.RidgeRanker.load`). ``--features`` picks its feature set:
+(:meth:`tenure.service.policy.ranker.RidgeRanker.load`). ``--features`` picks its feature set:
 ``extended`` (the default: the sidecar derives every extended fact live, as the replay does,
-:mod:`service.policy.spawn_context`) or ``base`` (the spawn's own facts and its place in the
+:mod:`tenure.service.policy.spawn_context`) or ``base`` (the spawn's own facts and its place in the
 session only).
 """
 
@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["configure", "evaluation_table"]
 
@@ -74,12 +74,12 @@ def evaluation_table(cv: dict[str, Any]) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from service.errors import TraceError
-    from service.policy.ranker import FEATURE_SETS
-    from service.policy.ranker_fit import cross_validate, fit_ridge, grouped_folds
-    from service.replay.arguments import int_list
-    from service.replay.loaders import detect_format
-    from service.replay.loaders.claude_code_meta import load_claude_code_meta
+    from tenure.service.errors import TraceError
+    from tenure.service.policy.ranker import FEATURE_SETS
+    from tenure.service.policy.ranker_fit import cross_validate, fit_ridge, grouped_folds
+    from tenure.service.replay.arguments import int_list
+    from tenure.service.replay.loaders import detect_format
+    from tenure.service.replay.loaders.claude_code_meta import load_claude_code_meta
 
     folds = int_list(args.folds, "--folds")[0]
     if folds < 2:
@@ -104,7 +104,7 @@ def _train(args: argparse.Namespace) -> int:
         )
     cv = cross_validate(spawns, folds)
     print(evaluation_table(cv))
-    from service.policy.ranker_fit import _choose_alpha
+    from tenure.service.policy.ranker_fit import _choose_alpha
 
     numeric = FEATURE_SETS[args.features]
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import median
 
-from service.replay.loaders.claude_code_meta import TraceMeta
+from tenure.service.replay.loaders.claude_code_meta import TraceMeta
 
 __all__ = ["ReasoningEstimate", "estimate_reasoning"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.policy.types import Run
+from tenure.service.policy.types import Run
 
 __all__ = ["Join", "Request"]
 

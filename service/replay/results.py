@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.replay.requests import Request
+from tenure.service.replay.requests import Request
 
 __all__ = ["RunResult", "time_weighted_p95"]
 
@@ -40,12 +40,14 @@ class RunResult:
     sessions_skipped_oversize: int = 0
     sessions_run: int = 0
     #: Prefill work (FLOPs) the host tier's hits saved, and the bound on it for this run's
-    #: access sequence (:mod:`service.replay.bound`); ``bound_work`` is NaN when not computed.
+    #: access sequence (:mod:`tenure.service.replay.bound`); ``bound_work`` is NaN when not
+    #: computed.
     saved_work: float = 0.0
     bound_work: float = float("nan")
     bound_seconds: float = 0.0
     bound_intervals: int = 0
-    #: The SSD tier's report (:meth:`service.replay.tiering.LowerTier.report`), when modelled.
+    #: The SSD tier's report (:meth:`tenure.service.replay.tiering.LowerTier.report`), when
+    #: modelled.
     tiering: dict[str, Any] = field(default_factory=dict)
 
     @property

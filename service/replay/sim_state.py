@@ -1,14 +1,14 @@
 """The state one replay run shares between its parts, and the hooks of an SSD tier below it.
 
 The simulator is one event loop over two collaborators, each in its own module: the workload
-and its session graph (:class:`~service.replay.workload.Workload`: arrivals, sub-agent spawns
+and its session graph (:class:`~tenure.service.replay.workload.Workload`: arrivals, sub-agent spawns
 and joins, closed-loop gaps, the live working set) and the engine's batching model
-(:class:`~service.replay.batching.Batching`: admission, loads, spans of identical steps, store
-offers). Both are handed one :class:`SimState` (the host tier, the GPU pool, the queues, the
+(:class:`~tenure.service.replay.batching.Batching`: admission, loads, spans of identical steps,
+store offers). Both are handed one :class:`SimState` (the host tier, the GPU pool, the queues, the
 event queue, the result being recorded) and neither knows the other: the engine's loop
-(:mod:`service.replay.engine`) composes them, passing a finished request from the batching model
-to the workload and a new one back. The SSD tier (:mod:`service.replay.tiering`) sees the run
-through this state too, so it never imports the engine that drives it.
+(:mod:`tenure.service.replay.engine`) composes them, passing a finished request from the batching
+model to the workload and a new one back. The SSD tier (:mod:`tenure.service.replay.tiering`) sees
+the run through this state too, so it never imports the engine that drives it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from service.policy import GapPredictor, HostTier, create_policy, policy_class
-from service.policy.types import Run
-from service.replay.config import ReplayConfig, TieringConfig
-from service.replay.gpu_pool import GpuPrefixCache
-from service.replay.hardware import GIB
-from service.replay.model import Trace
-from service.replay.requests import Request
-from service.replay.results import RunResult
+from tenure.service.policy import GapPredictor, HostTier, create_policy, policy_class
+from tenure.service.policy.types import Run
+from tenure.service.replay.config import ReplayConfig, TieringConfig
+from tenure.service.replay.gpu_pool import GpuPrefixCache
+from tenure.service.replay.hardware import GIB
+from tenure.service.replay.model import Trace
+from tenure.service.replay.requests import Request
+from tenure.service.replay.results import RunResult
 
 __all__ = ["ARRIVAL", "LOAD", "STEP", "TIMER", "LowerTierHooks", "SimState", "Span"]
 

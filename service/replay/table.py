@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.replay.hardware import GIB
+from tenure.service.replay.hardware import GIB
 
 __all__ = ["ladder_table"]
 

@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.policy import HostTier, Run, TierPolicy, Victim
-from service.policy.types import StoreResult
+from tenure.service.policy import HostTier, Run, TierPolicy, Victim
+from tenure.service.policy.types import StoreResult
 
 __all__ = ["ObservedTier", "TierOwner", "UseCounts", "WriteLedger", "pieces"]
 

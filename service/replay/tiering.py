@@ -1,8 +1,8 @@
 """An SSD tier below the host-DRAM tier, governed by a placement policy (replay side).
 
-The engine model (:mod:`service.replay.engine`) calls a :class:`LowerTier` at five hooks when a
-run has a :class:`TieringConfig`: the host tier is created here (an observed
-:class:`~service.policy.tier.HostTier`), prefix lookups continue into the SSD tier, loads pay
+The engine model (:mod:`tenure.service.replay.engine`) calls a :class:`LowerTier` at five hooks when
+a run has a :class:`TieringConfig`: the host tier is created here (an observed
+:class:`~tenure.service.policy.tier.HostTier`), prefix lookups continue into the SSD tier, loads pay
 the SSD's read bandwidth, stores are filtered and written through, and request arrivals and
 completions drive the harness boundaries. Everything else (batching, the GPU pool, the DRAM
 eviction policy) is the engine model unchanged.
@@ -21,8 +21,8 @@ Mechanics, modelled on vLLM 0.32's ``TieringOffloadingManager`` with an ``fs`` s
 Workload the trace does not record, and how it is modelled (stated in every report):
 
 * *reasoning KV*: a reasoning call's estimated reasoning tokens
-  (:mod:`service.replay.reasoning`) are decoded KV offloaded to DRAM at the call's end (vLLM with
-  ``offload_prompt_only=False``) as a segment of its own, never read again (the harness strips
+  (:mod:`tenure.service.replay.reasoning`) are decoded KV offloaded to DRAM at the call's end (vLLM
+  with ``offload_prompt_only=False``) as a segment of its own, never read again (the harness strips
   reasoning from the next message) and dead at the session's next turn. The recorded prompts
   are left as they are (Claude Code re-sends its thinking blocks within a tool loop), so the
   carried context is, if anything, overstated.
@@ -43,16 +43,16 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from service.policy import HostTier, Run, TierPolicy, Victim, create_policy
-from service.policy.placement import PlacementPolicy, Route, WorkerSlot, create_placement
-from service.policy.placement import fast_workers as choose_fast
-from service.policy.placement_guard import PlacementGuard
-from service.policy.segments import SegmentClass, SegmentTable, SessionRole, segment_key
-from service.policy.types import EvictionClass
-from service.replay.config import TieringConfig
-from service.replay.model import Turn, slice_runs
-from service.replay.sim_state import SimState
-from service.replay.tier_books import ObservedTier, UseCounts, WriteLedger, pieces
+from tenure.service.policy import HostTier, Run, TierPolicy, Victim, create_policy
+from tenure.service.policy.placement import PlacementPolicy, Route, WorkerSlot, create_placement
+from tenure.service.policy.placement import fast_workers as choose_fast
+from tenure.service.policy.placement_guard import PlacementGuard
+from tenure.service.policy.segments import SegmentClass, SegmentTable, SessionRole, segment_key
+from tenure.service.policy.types import EvictionClass
+from tenure.service.replay.config import TieringConfig
+from tenure.service.replay.model import Turn, slice_runs
+from tenure.service.replay.sim_state import SimState
+from tenure.service.replay.tier_books import ObservedTier, UseCounts, WriteLedger, pieces
 
 __all__ = ["LowerTier"]
 

@@ -1,7 +1,8 @@
 """``tenure replay ttl``: the approval-gate host TTL replay (seed 002's Table 6, and a drift day).
 
 Bad input (an unknown family or platform, a non-positive price, C2, W_ref or load, a missing
-trace) raises :class:`~service.errors.UsageError`: one line, exit code 2, before any work starts.
+trace) raises :class:`~tenure.service.errors.UsageError`: one line, exit code 2, before any work
+starts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from service.errors import UsageError
+from tenure.service.errors import UsageError
 
 __all__ = ["configure"]
 
@@ -102,9 +103,9 @@ def _say(message: str) -> None:
 
 
 def _model(args: argparse.Namespace) -> Any:
-    from service.policy.platforms import get_platform
-    from service.policy.retention import PriceVector
-    from service.policy.retention_costs import RetentionModel
+    from tenure.service.policy.platforms import get_platform
+    from tenure.service.policy.retention import PriceVector
+    from tenure.service.policy.retention_costs import RetentionModel
 
     try:
         if args.price is not None:
@@ -127,8 +128,8 @@ def _model(args: argparse.Namespace) -> Any:
 
 
 def _families(args: argparse.Namespace, w_ref: float) -> list[Any]:
-    from service.replay.paths import claude_code_trace
-    from service.replay.ttl_families import FAMILY_NAMES, human_turn_gaps, synthetic_family
+    from tenure.service.replay.paths import claude_code_trace
+    from tenure.service.replay.ttl_families import FAMILY_NAMES, human_turn_gaps, synthetic_family
 
     names = [n.strip() for n in args.families.split(",") if n.strip()]
     if not names:
@@ -152,13 +153,13 @@ def _families(args: argparse.Namespace, w_ref: float) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.policy.rate import rate_estimator
-    from service.policy.retention_control import OnlineSettings
-    from service.replay.progress import ProgressBar
-    from service.replay.ttl_drift import DEFAULT_ESTIMATORS, DriftSpec, run_drift
-    from service.replay.ttl_families import synthetic_family
-    from service.replay.ttl_report import drift_table, plot_ttl, spread_table, table6_table
-    from service.replay.ttl_table6 import Table6Spec, run_table6, seed_spread
+    from tenure.service.policy.rate import rate_estimator
+    from tenure.service.policy.retention_control import OnlineSettings
+    from tenure.service.replay.progress import ProgressBar
+    from tenure.service.replay.ttl_drift import DEFAULT_ESTIMATORS, DriftSpec, run_drift
+    from tenure.service.replay.ttl_families import synthetic_family
+    from tenure.service.replay.ttl_report import drift_table, plot_ttl, spread_table, table6_table
+    from tenure.service.replay.ttl_table6 import Table6Spec, run_table6, seed_spread
 
     model = _model(args)
     loads = [_number(v, "--loads") for v in args.loads.split(",") if v.strip()]

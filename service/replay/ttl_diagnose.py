@@ -1,4 +1,4 @@
-"""Why a Table 6 cell lands where it does: ``python -m service.replay.ttl_diagnose``.
+"""Why a Table 6 cell lands where it does: ``python -m tenure.service.replay.ttl_diagnose``.
 
 For one family at one load (default: the mixture at 2 x lambda_crit, the cell the acceptance
 is tightest on) it measures, on many independent held-out traces (paired: every policy on the
@@ -10,10 +10,10 @@ same trace):
 * ``calibration``: the seed's branch choice (ttl - retain, relative, by replaying a
   calibration sample as an episode at the calibration load) across independent calibration
   samples, per sample size and per number of arrival streams averaged
-  (:data:`~service.policy.retention_costs.EPISODE_DRAWS`), and how often it picks the branch
+  (:data:`~tenure.service.policy.retention_costs.EPISODE_DRAWS`), and how often it picks the branch
   that loses on average;
 * ``lambda``: the ttl branch with ``t2`` at the lambda estimated online, against ``t2`` at the
-  configured lambda, for one-shot and re-priced timers (:mod:`service.policy.rent`), with the
+  configured lambda, for one-shot and re-priced timers (:mod:`tenure.service.policy.rent`), with the
   estimator started cold (as in Table 6) and warmed by an hour of the same suspension stream
   (what a long-running deployment has).
 
@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.platforms import get_platform
-from service.policy.rate import rate_estimator
-from service.policy.retention_control import OneShotController
-from service.policy.retention_costs import RetentionModel, branch_costs
-from service.replay.ttl_families import SYNTHETIC_FAMILIES, WaitFamily, synthetic_family
-from service.replay.ttl_policies import OneShotPolicy
-from service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
-from service.replay.ttl_table6 import FIXED_TIMERS
+from tenure.service.policy.platforms import get_platform
+from tenure.service.policy.rate import rate_estimator
+from tenure.service.policy.retention_control import OneShotController
+from tenure.service.policy.retention_costs import RetentionModel, branch_costs
+from tenure.service.replay.ttl_families import SYNTHETIC_FAMILIES, WaitFamily, synthetic_family
+from tenure.service.replay.ttl_policies import OneShotPolicy
+from tenure.service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
+from tenure.service.replay.ttl_table6 import FIXED_TIMERS
 
 __all__ = ["calibration_spread", "lambda_cost", "main", "timer_curve"]
 
@@ -157,7 +157,7 @@ def _pct(x: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service.replay.ttl_diagnose")
+    parser = argparse.ArgumentParser(prog="python -m tenure.service.replay.ttl_diagnose")
     parser.add_argument("--family", default="mixture", choices=sorted(SYNTHETIC_FAMILIES))
     parser.add_argument("--load", type=float, default=2.0, help="multiple of lambda_crit")
     parser.add_argument("--reps", type=int, default=40, help="held-out traces")

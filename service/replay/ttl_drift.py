@@ -30,14 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.rate import rate_estimator
-from service.policy.retention_control import OneShotController, OnlineController, OnlineSettings
-from service.policy.retention_costs import Evaluator, RetentionModel
-from service.policy.waits import WaitWindow
-from service.replay.ttl_families import WaitFamily
-from service.replay.ttl_policies import LoadIndexedTimer, OnlinePolicy
-from service.replay.ttl_sim import replay_policy, replay_timers, thinned_arrivals
-from service.replay.ttl_table6 import FIXED_TIMERS
+from tenure.service.policy.rate import rate_estimator
+from tenure.service.policy.retention_control import (
+    OneShotController,
+    OnlineController,
+    OnlineSettings,
+)
+from tenure.service.policy.retention_costs import Evaluator, RetentionModel
+from tenure.service.policy.waits import WaitWindow
+from tenure.service.replay.ttl_families import WaitFamily
+from tenure.service.replay.ttl_policies import LoadIndexedTimer, OnlinePolicy
+from tenure.service.replay.ttl_sim import replay_policy, replay_timers, thinned_arrivals
+from tenure.service.replay.ttl_table6 import FIXED_TIMERS
 
 __all__ = ["DEFAULT_ESTIMATORS", "DriftPhase", "DriftSpec", "default_phases", "run_drift"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.errors import TraceError
-from service.replay.loaders._io import json_lines
+from tenure.service.errors import TraceError
+from tenure.service.replay.loaders._io import json_lines
 
 __all__ = [
     "FAMILY_NAMES",

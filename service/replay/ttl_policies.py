@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from service.policy.rate import RateEstimator, rate_lower_bound
-from service.policy.rent import RentClock
-from service.policy.retention import alpha2
-from service.policy.retention_control import (
+from tenure.service.policy.rate import RateEstimator, rate_lower_bound
+from tenure.service.policy.rent import RentClock
+from tenure.service.policy.retention import alpha2
+from tenure.service.policy.retention_control import (
     CalibratedTimer,
     OneShotController,
     OnlineController,
     RetentionDecision,
 )
-from service.policy.retention_costs import RetentionModel
-from service.policy.retention_rule import scale_budget
-from service.replay.ttl_sim import RentLimit, RentTrace
+from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.policy.retention_rule import scale_budget
+from tenure.service.replay.ttl_sim import RentLimit, RentTrace
 
 __all__ = ["LoadIndexedTimer", "OneShotPolicy", "OnlinePolicy"]
 
@@ -27,7 +27,7 @@ class OneShotPolicy:
     ``estimator``, lambda is estimated from the suspensions.
 
     ``repriced`` (with an estimator): a copy's timer is the rent clock's (re-priced at each
-    suspension, :mod:`service.policy.rent`), as Tenure's sidecar does; without, it is
+    suspension, :mod:`tenure.service.policy.rent`), as Tenure's sidecar does; without, it is
     ``t2`` at the estimate of its own suspension, fixed (the one-shot timer).
     """
 

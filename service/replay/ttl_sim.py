@@ -2,10 +2,10 @@
 
 Each context suspends at its arrival time, is offloaded to host and gets a one-shot timer from
 the policy (``None``: keep until resume); the tier admits it only if one of its ``C2`` slots is
-free then (residents are never displaced); its cost is :func:`~service.policy.host_loss.
+free then (residents are never displaced); its cost is :func:`~tenure.service.policy.host_loss.
 resume_cost` (equation 1 with the calibrated price vector). The admission rule and the cost are
-the core's own (:class:`~service.policy.host_loss.HostSlots`), so the controller's calibration
-replays and this replay cannot drift apart.
+the core's own (:class:`~tenure.service.policy.host_loss.HostSlots`), so the controller's
+calibration replays and this replay cannot drift apart.
 
 Policies that learn (the online controller) see what a sidecar sees: every suspension when it
 happens and every resume (with its wait) when it happens, whether or not the host copy
@@ -22,9 +22,9 @@ from typing import Protocol
 
 import numpy as np
 
-from service.policy.host_loss import HostSlots, resume_cost
-from service.policy.rent import RentClock
-from service.policy.retention import PriceVector
+from tenure.service.policy.host_loss import HostSlots, resume_cost
+from tenure.service.policy.rent import RentClock
+from tenure.service.policy.retention import PriceVector
 
 __all__ = [
     "FixedTimer",
@@ -55,7 +55,7 @@ class TTLPolicy(Protocol):
 
 @dataclass
 class RentTrace:
-    """The knots of a policy's :class:`~service.policy.rent.RentClock` (one per re-pricing),
+    """The knots of a policy's :class:`~tenure.service.policy.rent.RentClock` (one per re-pricing),
     so that a copy's expiry can be found once the whole stream has priced it."""
 
     at: list[float]

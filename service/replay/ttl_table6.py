@@ -12,14 +12,15 @@ their branch from. Policies:
   configured load;
 * ``controller_est``: the same branch, lambda estimated online from the held-out suspension
   stream (cold at the start), each copy's timer re-priced by the rent clock as the estimate
-  improves (:mod:`service.policy.rent`; at a constant price it is ``t2``);
+  improves (:mod:`tenure.service.policy.rent`; at a constant price it is ``t2``);
 * ``controller_est_oneshot``: the same, but each copy's timer fixed at ``t2`` of the estimate
   at its own suspension (the one-shot timer, for comparison);
 * ``online``: the seed's two branches online from nothing: estimated lambda, waits
   re-collected from the resumes it observes, branch re-chosen periodically with hysteresis;
-* ``rule``: the retention rule of issue 26 (:mod:`service.policy.retention_rule`: a rent-budget
-  scale of ``t2`` from a fine grid, by expected cost over bootstrap resamples), calibrated once
-  on the calibration sample at the configured load (episode score, as the seed's), frozen;
+* ``rule``: the retention rule of issue 26 (:mod:`tenure.service.policy.retention_rule`: a
+  rent-budget scale of ``t2`` from a fine grid, by expected cost over bootstrap resamples),
+  calibrated once on the calibration sample at the configured load (episode score, as the seed's),
+  frozen;
 * ``rule_est``: the same scale, lambda estimated online, timers re-priced by the rent clock;
 * ``rule_learn``: the rule calibrated, then learning: it scores the calibration sample until it
   has observed ``min_samples`` waits of its own, then its own (the sidecar's path: ``POST
@@ -40,18 +41,18 @@ from typing import Any
 
 import numpy as np
 
-from service.policy.host_loss import episode_cost
-from service.policy.rate import rate_estimator
-from service.policy.retention_control import (
+from tenure.service.policy.host_loss import episode_cost
+from tenure.service.policy.rate import rate_estimator
+from tenure.service.policy.retention_control import (
     CalibratedTimer,
     OneShotController,
     OnlineController,
     OnlineSettings,
 )
-from service.policy.retention_costs import RetentionModel
-from service.replay.ttl_families import WaitFamily
-from service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
-from service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
+from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.replay.ttl_families import WaitFamily
+from tenure.service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
+from tenure.service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
 
 __all__ = [
     "ACCEPTANCE",

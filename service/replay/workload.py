@@ -12,11 +12,11 @@ import math
 import random
 from collections.abc import Sequence
 
-from service.policy import SessionHint
-from service.policy.types import Run
-from service.replay.model import slice_runs
-from service.replay.requests import Join, Request
-from service.replay.sim_state import ARRIVAL, SimState
+from tenure.service.policy import SessionHint
+from tenure.service.policy.types import Run
+from tenure.service.replay.model import slice_runs
+from tenure.service.replay.requests import Join, Request
+from tenure.service.replay.sim_state import ARRIVAL, SimState
 
 __all__ = ["Workload"]
 

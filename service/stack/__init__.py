@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.processes import (
+from tenure.service.processes import (
     ManagedProcess,
     StackError,
     free_port,
@@ -27,7 +27,7 @@ from service.processes import (
     scrape,
     start_redis,
 )
-from service.stack.launch import TENURE_ARGV, engine_process, start_sidecar
+from tenure.service.stack.launch import TENURE_ARGV, engine_process, start_sidecar
 
 __all__ = ["TENURE_ARGV", "LocalStack", "StackConfig", "running_stack"]
 
@@ -41,7 +41,7 @@ class StackConfig:
     workdir: Path
     model_cache: Path
     #: Serve this checkpoint instead of generating the tiny random-weight one in
-    #: ``model_cache`` (``python -m service.tools.tiny_model`` writes that one by hand).
+    #: ``model_cache`` (``python -m tenure.service.tools.tiny_model`` writes that one by hand).
     model: Path | None = None
     policy: str = "tenure"
     proxy_port: int = 0
@@ -110,14 +110,14 @@ class LocalStack:
         if self.config.model is not None:
             self.model_path = self.config.model
             return self.model_path
-        from service.tools.tiny_model import ensure_tiny_model
+        from tenure.service.tools.tiny_model import ensure_tiny_model
 
         self.progress(f"preparing the tiny random-weight model in {self.config.model_cache}")
         self.model_path = ensure_tiny_model(self.config.model_cache)
         return self.model_path
 
     def engine_transfer_config(self) -> dict[str, Any]:
-        from engine_adapter.cpu_engine import kv_transfer_config
+        from tenure.engine_adapter.cpu_engine import kv_transfer_config
 
         return kv_transfer_config(
             policy=self.config.policy,
@@ -131,7 +131,7 @@ class LocalStack:
 
     def engine_argv(self) -> list[str]:
         """The vLLM server's arguments (after ``python -m ...api_server``)."""
-        from engine_adapter.cpu_engine import server_args
+        from tenure.engine_adapter.cpu_engine import server_args
 
         assert self.model_path is not None
         return server_args(

@@ -1,9 +1,9 @@
 """How the stacks launch their two kinds of project process: a CPU vLLM server (with the
 adapter's kv-transfer config in its arguments) and a ``tenure serve`` sidecar.
 
-One place for each command line and environment, shared by :class:`~service.stack.LocalStack`
-(``tenure up``), :class:`~service.stack.multi.MultiStack` (the scaled-out soak) and the live
-A/B's stack; each returns a :class:`~service.processes.ManagedProcess` (its own process group
+One place for each command line and environment, shared by :class:`~tenure.service.stack.LocalStack`
+(``tenure up``), :class:`~tenure.service.stack.multi.MultiStack` (the scaled-out soak) and the live
+A/B's stack; each returns a :class:`~tenure.service.processes.ManagedProcess` (its own process group
 and log, stopped TERM then KILL).
 """
 
@@ -12,19 +12,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from service.processes import ManagedProcess, http_ok
+from tenure.service.processes import ManagedProcess, http_ok
 
 __all__ = ["TENURE_ARGV", "VLLM_SERVER", "engine_process", "sidecar_process", "start_sidecar"]
 
 #: ``tenure ...`` with this interpreter (the console script may not be on PATH).
-TENURE_ARGV = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())"]
+TENURE_ARGV = [
+    sys.executable,
+    "-c",
+    "import sys; from tenure.service.cli import main; sys.exit(main())",
+]
 #: vLLM's OpenAI-compatible server, with this interpreter.
 VLLM_SERVER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def engine_process(name: str, args: list[str], log_path: Path) -> ManagedProcess:
     """A CPU vLLM server with ``args`` (not started yet)."""
-    from engine_adapter.cpu_engine import CPU_ENGINE_ENV
+    from tenure.engine_adapter.cpu_engine import CPU_ENGINE_ENV
 
     # EngineCore in its own process, as in production (a test process may have set the
     # in-process mode for its own engines).

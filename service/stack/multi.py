@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.processes import (
+from tenure.service.processes import (
     ManagedProcess,
     StackError,
     free_port,
@@ -30,8 +30,8 @@ from service.processes import (
     http_ok,
     start_redis,
 )
-from service.processes.redis_groups import SentinelGroup
-from service.stack.launch import engine_process, start_sidecar
+from tenure.service.processes.redis_groups import SentinelGroup
+from tenure.service.stack.launch import engine_process, start_sidecar
 
 __all__ = ["MultiStack", "MultiStackConfig"]
 
@@ -139,7 +139,7 @@ class MultiStack:
         )
 
     def ensure_model(self) -> Path:
-        from service.tools.tiny_model import ensure_tiny_model
+        from tenure.service.tools.tiny_model import ensure_tiny_model
 
         self.model_path = ensure_tiny_model(self.config.model_cache)
         return self.model_path
@@ -150,13 +150,13 @@ class MultiStack:
             argv = [
                 sys.executable,
                 "-m",
-                "benchmarks.proxy_load",
+                "tenure.benchmarks.proxy_load",
                 "--port",
                 str(self.engine_ports[i]),
             ]
             process = ManagedProcess(f"engine-{i}", argv, log)
         else:
-            from engine_adapter.cpu_engine import kv_transfer_config, server_args
+            from tenure.engine_adapter.cpu_engine import kv_transfer_config, server_args
 
             model = self.model_path or self.ensure_model()
             transfer = kv_transfer_config(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from service.state.store import StateStore
+from tenure.service.state.store import StateStore
 
 __all__ = ["answer_key", "remember", "resolve"]
 

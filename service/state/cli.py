@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import redis
 
-    from service.settings import Settings
+    from tenure.service.settings import Settings
 
 __all__ = ["configure"]
 
@@ -32,9 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _migrate(args: argparse.Namespace) -> int:
     import redis
 
-    from service.cli import UsageError
-    from service.settings import SettingsError, load_settings
-    from service.state.migrate import migrate_keys
+    from tenure.service.cli import UsageError
+    from tenure.service.settings import SettingsError, load_settings
+    from tenure.service.state.migrate import migrate_keys
 
     try:
         settings = load_settings(dev_mode=True)
@@ -62,7 +62,7 @@ def _client(settings: Settings) -> redis.Redis:
     import redis
     from redis.sentinel import Sentinel
 
-    from service.settings_values import parse_sentinels
+    from tenure.service.settings_values import parse_sentinels
 
     url = settings.redis_url.get_secret_value()
     if not settings.redis_sentinels:

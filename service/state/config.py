@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from service.policy import policy_names
-from service.policy.lifecycle import RetentionSettings
-from service.policy.retention import DEFAULT_PRICE, PriceVector
+from tenure.service.policy import policy_names
+from tenure.service.policy.lifecycle import RetentionSettings
+from tenure.service.policy.retention import DEFAULT_PRICE, PriceVector
 
 __all__ = ["ConfigPatch", "PriceConfig", "PricePatch", "RuntimeConfig"]
 

@@ -5,7 +5,7 @@ joins per argument); the proxy's Lua calls carry about ten arguments each, which
 one of the larger items in the sidecar's per-request CPU profile. ``hiredis.pack_command``
 produces the same bytes (checked by a test) in C. Anything it does not take (a bool, None, an
 unsupported type) goes to redis-py's packer, so errors stay redis-py's. The hot path's own
-connection (:mod:`service.state.multiplex`) packs with the same function.
+connection (:mod:`tenure.service.state.multiplex`) packs with the same function.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Layout (``P`` = the configured prefix, ``T`` = tenant, ``S`` = session id within
 * ``P:suspends``      list: Unix times of recent suspensions (the lambda estimate), bounded
 * ``P:config``        string: runtime configuration (JSON) set through ``/admin/config``
 * ``P:seg:T:S``       string: one session's segment bookkeeping (JSON, bounded; see
-                      :mod:`service.state.segment_store`)
+                      :mod:`tenure.service.state.segment_store`)
 * ``P:engines``       hash: engine id -> its newest residency summary (JSON), for
                       ``/admin/engines`` on every replica (ids are bounded labels)
 * ``P:emoves``        hash: engine id -> sessions that moved to it (cold arrivals)
@@ -27,7 +27,7 @@ prefix in braces (``{tenure}:s:T:S``, see :meth:`Keys.build`). The decision sequ
 total order that the push channel relies on, so the keys are not spread across slots; a
 Cluster gives this deployment failover and lets several deployments (prefixes) share the
 cluster's masters. Hash-tagged names differ from plain ones: turning the tag on for an existing
-Redis needs ``tenure state migrate-keys`` (:mod:`service.state.migrate`).
+Redis needs ``tenure state migrate-keys`` (:mod:`tenure.service.state.migrate`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Keys:
         return f"{self.prefix}:seg:{tenant}:{session}"
 
     def segment_workers(self, tenant: str, session: str) -> str:
-        """A parent session's worker counters (:mod:`service.state.segment_store`)."""
+        """A parent session's worker counters (:mod:`tenure.service.state.segment_store`)."""
         return f"{self.prefix}:segw:{tenant}:{session}"
 
     def prefix_hash(self, tenant: str, digest: str) -> str:

@@ -1,8 +1,8 @@
 """Rename a deployment's keys between the plain and the hash-tagged layout.
 
 ``tenure:s:T:S`` and ``{tenure}:s:T:S`` name the same record in the two layouts
-(:meth:`service.state.keys.Keys.build`). Moving a deployment to Redis Cluster, or back, renames
-every key under its prefix; session records also list their inference keys by name (``px``),
+(:meth:`tenure.service.state.keys.Keys.build`). Moving a deployment to Redis Cluster, or back,
+renames every key under its prefix; session records also list their inference keys by name (``px``),
 which are rewritten. Run it with the sidecars stopped, on a single server (standalone or the
 Sentinel master: ``RENAME`` cannot cross cluster slots), then move the data (e.g.
 ``redis-cli --cluster import``). Keys already in the target layout are left alone, so a
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
-from service.state.keys import Keys
+from tenure.service.state.keys import Keys
 
 __all__ = ["MigrationReport", "migrate_keys"]
 

@@ -8,7 +8,7 @@ connection in order, so a single connection can carry every call at once: each c
 ``EVALSHA`` as soon as it is made and waits for its own reply, matched first in, first out.
 Calls made together share the socket's writes and reads without any batching step.
 
-Failure behaviour matches the client it replaces (the :class:`~service.state.breaker.Breaker`
+Failure behaviour matches the client it replaces (the :class:`~tenure.service.state.breaker.Breaker`
 sees the same exceptions): no connection or a lost one raises ``redis.exceptions.ConnectionError``
 for every call in flight; a call with no reply within ``timeout_s`` raises
 ``redis.exceptions.TimeoutError`` and drops the connection (later replies could no longer be
@@ -49,7 +49,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from service.state.connection import pack_command
+from tenure.service.state.connection import pack_command
 
 __all__ = ["MultiplexedScripts"]
 
@@ -105,7 +105,7 @@ class _Protocol(asyncio.Protocol):
 
 
 class MultiplexedScripts:
-    """``call(script, keys, args)`` like :class:`~service.state.batcher.ScriptBatcher`."""
+    """``call(script, keys, args)`` like :class:`~tenure.service.state.batcher.ScriptBatcher`."""
 
     def __init__(
         self,

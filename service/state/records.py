@@ -3,14 +3,14 @@
 :class:`SessionUpdate` is a change to one session with the decision it publishes;
 :class:`TurnStart` is the hot path's answer (or :class:`Uncounted` when Redis did not answer);
 :class:`GapObservation` an idle gap that just ended; :class:`StoreLimits` the retention bounds.
-The session hash itself is :class:`~service.wire.session_record.SessionRecord`.
+The session hash itself is :class:`~tenure.service.wire.session_record.SessionRecord`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from service.wire.push import Decision
+from tenure.service.wire.push import Decision
 
 __all__ = [
     "GapObservation",

@@ -11,7 +11,7 @@ string, so the key space is bounded by the deployment's configuration):
 
 Appends from every replica are atomic list pushes (no read-modify-write, nothing lost under
 concurrency); only the lease holder writes ``state`` and ``log``. Every call goes through the
-store's breaker: with Redis down they raise :class:`~service.state.breaker.StateUnavailable`.
+store's breaker: with Redis down they raise :class:`~tenure.service.state.breaker.StateUnavailable`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from service.state.store import StateStore
+from tenure.service.state.store import StateStore
 
 __all__ = ["RetentionStore"]
 

@@ -22,7 +22,7 @@ Measured with the two scripts pipelined on this project's VM, decoding and re-en
 Lua was over half of APPLY's time (64 -> 24 us per call hot, ~3x that when Redis wakes for each
 call); only TURN_START's rare publishing path (a new, resumed or last turn) still decodes.
 
-Keys are passed in ``KEYS`` (built by :mod:`service.state.keys`); the one exception is the
+Keys are passed in ``KEYS`` (built by :mod:`tenure.service.state.keys`); the one exception is the
 session key on the hot path when the session is inferred, which the script completes from a
 key prefix the caller built, because the id is only known inside the script.
 """

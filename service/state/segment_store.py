@@ -1,16 +1,16 @@
 """Each session's segment bookkeeping in Redis: one bounded JSON string per session.
 
-``P:seg:T:S`` (:meth:`~service.state.keys.Keys.segments`) holds the
-:class:`~service.api.segments.state.SegmentState` codec's bytes: role, parent, the ranker's
+``P:seg:T:S`` (:meth:`~tenure.service.state.keys.Keys.segments`) holds the
+:class:`~tenure.service.api.segments.state.SegmentState` codec's bytes: role, parent, the ranker's
 prediction, the prompt-side segments of the latest turn and the facts of its response. Its id
 space is the session's (tenant-scoped key, sidecar-chosen segment ids), its size is bounded by
 the wire's segment limit, it expires with the session record and is deleted when the session
 ends. Reads and writes go through the store's breaker: with Redis down, callers get
-:class:`~service.state.breaker.StateUnavailable` at once.
+:class:`~tenure.service.state.breaker.StateUnavailable` at once.
 
-``P:segw:T:S`` (:meth:`~service.state.keys.Keys.segment_workers`) is a parent's worker history,
-a hash: workers spawned (``n``), returned (``r``), the sum of the returned ones' log lifetimes
-(``l``), the parent turn of the latest spawn with the spawns made since that turn (``gt``,
+``P:segw:T:S`` (:meth:`~tenure.service.state.keys.Keys.segment_workers`) is a parent's worker
+history, a hash: workers spawned (``n``), returned (``r``), the sum of the returned ones' log
+lifetimes (``l``), the parent turn of the latest spawn with the spawns made since that turn (``gt``,
 ``gn``: the fan-out so far), and one ``w:<worker>`` field per worker counted (its place, so a
 worker seen again, a first request retried, is not counted twice; at most
 :data:`MAX_WORKERS_REMEMBERED`, beyond which a retry could count twice). It is a hash beside
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from service.policy.spawn_context import WorkerHistory
-from service.state.store import StateStore
+from tenure.service.policy.spawn_context import WorkerHistory
+from tenure.service.state.store import StateStore
 
 __all__ = ["MAX_STATE_BYTES", "MAX_WORKERS_REMEMBERED", "SegmentStore", "Spawned"]
 

@@ -1,8 +1,9 @@
 """The Redis repository: session lifecycle records, decisions, samples and runtime config.
 
-All writes go through the atomic scripts in :mod:`service.state.scripts`; keys come from
-:mod:`service.state.keys`. Every call is guarded by a :class:`~service.state.breaker.Breaker`,
-so when Redis is down callers get :class:`StateUnavailable` at once (and fail open or answer
+All writes go through the atomic scripts in :mod:`tenure.service.state.scripts`; keys come from
+:mod:`tenure.service.state.keys`. Every call is guarded by a
+:class:`~tenure.service.state.breaker.Breaker`, so when Redis is down callers get
+:class:`StateUnavailable` at once (and fail open or answer
 503) instead of waiting on timeouts, and the first call after the retry delay probes recovery.
 
 Besides the per-request path: the reads and writes that feed the online models (gap
@@ -20,12 +21,12 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from service.state import scripts
-from service.state.batcher import DirectScripts, ScriptBatcher
-from service.state.breaker import Breaker, StateUnavailable
-from service.state.keys import Keys, scoped_session_id
-from service.state.multiplex import MultiplexedScripts
-from service.state.records import (
+from tenure.service.state import scripts
+from tenure.service.state.batcher import DirectScripts, ScriptBatcher
+from tenure.service.state.breaker import Breaker, StateUnavailable
+from tenure.service.state.keys import Keys, scoped_session_id
+from tenure.service.state.multiplex import MultiplexedScripts
+from tenure.service.state.records import (
     GapObservation,
     SessionExists,
     SessionNotFound,
@@ -35,11 +36,11 @@ from service.state.records import (
     parse_observation,
     text,
 )
-from service.state.scripts import ApplyStatus, RollbackStatus
-from service.state.topology import RedisClient
-from service.wire.decision_codec import decision_body, decision_parts, decode_decision
-from service.wire.push import Decision
-from service.wire.session_record import RecordField, SessionRecord
+from tenure.service.state.scripts import ApplyStatus, RollbackStatus
+from tenure.service.state.topology import RedisClient
+from tenure.service.wire.decision_codec import decision_body, decision_parts, decode_decision
+from tenure.service.wire.push import Decision
+from tenure.service.wire.session_record import RecordField, SessionRecord
 
 __all__ = ["YIELD_EVERY", "StateStore", "StateUnavailable"]
 

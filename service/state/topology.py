@@ -8,7 +8,7 @@
   only carries the database number and credentials.
 * **Cluster**: the URL names any node; redis-py's
   :class:`~redis.asyncio.cluster.RedisCluster` routes each command by slot. Keys must be
-  hash-tagged (:meth:`service.state.keys.Keys.build`) so every script's keys share a slot.
+  hash-tagged (:meth:`tenure.service.state.keys.Keys.build`) so every script's keys share a slot.
 
 Durability is Redis's: replication is asynchronous, so a failover can lose what the old master
 acknowledged but had not yet sent to the promoted replica (see the README's "Redis failover"
@@ -27,7 +27,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from service.state.connection import HiredisPackedConnection
+from tenure.service.state.connection import HiredisPackedConnection
 
 __all__ = ["RedisClient", "RedisTopology", "connect"]
 

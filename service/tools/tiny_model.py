@@ -1,6 +1,6 @@
 """A tiny random-weight Llama checkpoint for tests and the local stack (no download).
 
-A tool of its own: ``python -m service.tools.tiny_model [CACHE_DIR]`` writes the checkpoint
+A tool of its own: ``python -m tenure.service.tools.tiny_model [CACHE_DIR]`` writes the checkpoint
 (default ``~/.cache/tenure/models``) and prints its path, for serving it with ``vllm serve``
 by hand; ``tenure up`` and the engine tests call :func:`ensure_tiny_model`. Needs the ``dev``
 extra (``transformers``, ``safetensors``) and ``torch`` from the engine install.
@@ -87,7 +87,7 @@ TINY_SHAPE = ModelLayout("tiny", TINY_MODEL_VERSION, 256, 512, 2, 4, 4)
 #: loading it from the host tier, about what it costs on an H100 serving Llama-3.1-8B (which
 #: has 61,000 matmul parameters per KV byte; this CPU's float32 matmuls and host copies need
 #: fewer for the same ratio). Measured with ``tenure calibrate-profile``: see
-#: :mod:`service.calibrate.demo_profile`. Grouped-query attention (one KV head for 8 query
+#: :mod:`tenure.service.calibrate.demo_profile`. Grouped-query attention (one KV head for 8 query
 #: heads, as Llama's 4:1 but further) keeps the KV small while the matmuls grow.
 DEMO_SHAPE = ModelLayout("demo", "demo-llama-v1", 512, 1536, 4, 8, 1)
 _LAYOUTS = {layout.name: layout for layout in (TINY_SHAPE, DEMO_SHAPE)}
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m service.tools.tiny_model",
+        prog="python -m tenure.service.tools.tiny_model",
         description="write the tiny random-weight Llama checkpoint and print its path",
     )
     parser.add_argument(

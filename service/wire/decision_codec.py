@@ -3,7 +3,7 @@
 The Lua scripts number decisions atomically (``INCR`` of the sequence key inside the script),
 so the sidecar sends a decision with ``seq`` 0, split around that value: the script joins
 ``head .. seq .. tail``. The stored JSON decodes back to the push channel's
-:class:`~service.wire.push.Decision`, so the stream, the table and the push snapshot are one
+:class:`~tenure.service.wire.push.Decision`, so the stream, the table and the push snapshot are one
 format.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from service.wire.push import Decision
+from tenure.service.wire.push import Decision
 
 __all__ = ["decision_body", "decision_parts", "decode_decision"]
 

@@ -1,7 +1,7 @@
 """Typed messages of the push channel between the sidecar and engine adapters.
 
-This module is the protocol's single definition; the sidecar (``service.push``) and the engine
-adapter (``engine_adapter``) both import it, and it imports nothing from either side.
+This module is the protocol's single definition; the sidecar (``tenure.service.push``) and the
+engine adapter (``engine_adapter``) both import it, and it imports nothing from either side.
 
 Protocol (version :data:`PROTOCOL_VERSION`)
 -------------------------------------------
@@ -18,7 +18,7 @@ Adapter -> sidecar:
     current gauges. Reports carry their own per-adapter sequence so the sidecar can drop
     duplicates.
   * :class:`PlacementReport` periodically from a ``tenure-fs`` SSD tier (on its engine's one
-    connection, :mod:`engine_adapter.placement_push`): bytes written per tier and segment
+    connection, :mod:`tenure.engine_adapter.placement_push`): bytes written per tier and segment
     class, bytes kept off the SSD and deleted per class (deltas), SSD bytes and files in use,
     the write rate and the projected device-years (gauges). Bounded: one counter per tier and
     class, never per session; its own ``report_seq`` drops duplicates the same way. A sidecar that
@@ -43,7 +43,7 @@ from typing import Literal
 
 import msgspec
 
-from service.policy.segments import SegmentClass
+from tenure.service.policy.segments import SegmentClass
 
 __all__ = [
     "PLACEMENT_CLASSES",
@@ -103,7 +103,7 @@ class RetentionState(msgspec.Struct, kw_only=True, frozen=True):
 
     Each suspension's own timer travels in its :class:`Decision`; this says which branch new
     suspensions get and since when (adapters log a change), and carries the tenant's rent
-    clock (:class:`~service.policy.rent.RentClock`): ``R(t) = rent_accrued + rent_rate x (t
+    clock (:class:`~tenure.service.policy.rent.RentClock`): ``R(t) = rent_accrued + rent_rate x (t
     - rent_at)``. A held copy whose decision has ``host_rent_limit`` expires when ``R``
     reaches it, so a new rate re-prices every held copy of the tenant. ``rent_at`` ``None``:
     no clock (a sidecar that predates it); adapters keep each decision's ``host_ttl_s``.
@@ -189,7 +189,7 @@ class ResidencyReport(msgspec.Struct, tag="residency", kw_only=True, frozen=True
     stored_blocks: int = 0
     refusals: int = 0
     refused_blocks: int = 0
-    #: Evicted blocks by eviction class (``service.policy.types.EvictionClass`` values).
+    #: Evicted blocks by eviction class (``tenure.service.policy.types.EvictionClass`` values).
     evicted_blocks: dict[str, int] = msgspec.field(default_factory=dict)
     host_hit_blocks: int = 0
     loads: int = 0

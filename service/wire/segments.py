@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.policy.segments import SegmentClass, SessionRole
+from tenure.service.policy.segments import SegmentClass, SessionRole
 
 __all__ = [
     "MAX_SEGMENTS",

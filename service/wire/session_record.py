@@ -1,6 +1,6 @@
 """The Redis session record: one hash per session, its field names, and its typed reading.
 
-The Lua scripts (:mod:`service.state.scripts`) and the sidecar write the hash's fields as
+The Lua scripts (:mod:`tenure.service.state.scripts`) and the sidecar write the hash's fields as
 strings; :class:`RecordField` names every one of them once, and :class:`SessionRecord` is what the
 sidecar reads back: typed values parsed leniently (a malformed or foreign value reads as
 unknown, never as an error: a record written by an older build stays readable), plus the hash

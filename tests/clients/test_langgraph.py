@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from clients import TenureSession
-from service.app import create_app
-from service.settings import load_settings
+from tenure.clients import TenureSession
+from tenure.service.app import create_app
+from tenure.service.settings import load_settings
 from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
 langgraph = pytest.importorskip("langgraph")
@@ -24,7 +24,7 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 
-from clients.langgraph import interrupt  # noqa: E402
+from tenure.clients.langgraph import interrupt  # noqa: E402
 
 
 class State(TypedDict, total=False):

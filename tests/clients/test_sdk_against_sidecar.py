@@ -1,4 +1,5 @@
-"""The SDK against the real sidecar (``service.app.create_app``) served by uvicorn, on a real Redis.
+"""The SDK against the real sidecar (``tenure.service.app.create_app``) served by uvicorn, on a real
+Redis.
 
 Only the engine is faked, at the network boundary: the sidecar's upstream transport records what
 the proxy forwards (as vLLM would receive it) and answers like an OpenAI server.
@@ -18,8 +19,8 @@ import openai
 import pytest
 import uvicorn
 
-from clients import AsyncTenureSession, TenureLifecycleError, TenureSession
-from service.processes import free_port
+from tenure.clients import AsyncTenureSession, TenureLifecycleError, TenureSession
+from tenure.service.processes import free_port
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"
@@ -92,8 +93,8 @@ class Sidecar:
 
 @pytest.fixture
 def sidecar(redis_url: str) -> Iterator[Sidecar]:
-    from service.app import create_app
-    from service.settings import load_settings
+    from tenure.service.app import create_app
+    from tenure.service.settings import load_settings
 
     upstream = Upstream()
     settings = load_settings(
@@ -230,7 +231,7 @@ def test_example_agent_loop_runs(
     sidecar: Sidecar, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The README's example, end to end through the sidecar."""
-    from clients.examples.agent_loop import main
+    from tenure.clients.examples.agent_loop import main
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY_A)
     code = main(

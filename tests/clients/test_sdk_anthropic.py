@@ -14,9 +14,9 @@ import anthropic
 import httpx
 import pytest
 
-from clients import AsyncTenureSession, TenureSession, TenureUsageError
-from service.app import create_app
-from service.settings import load_settings
+from tenure.clients import AsyncTenureSession, TenureSession, TenureUsageError
+from tenure.service.app import create_app
+from tenure.service.settings import load_settings
 from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
 KEY_A = "sk-tenant-a-0123456789"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import sdk as bench
+from tenure.benchmarks import sdk as bench
 
 
 def test_bench_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from clients import (
+from tenure.clients import (
     AsyncTenureSession,
     RetryPolicy,
     TenureLifecycleError,

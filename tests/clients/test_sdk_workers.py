@@ -13,15 +13,15 @@ import openai
 import pytest
 import uvicorn
 
-from clients import AsyncTenureSession, TenureLifecycleError, TenureSession, TenureUsageError
-from service.processes import free_port
+from tenure.clients import AsyncTenureSession, TenureLifecycleError, TenureSession, TenureUsageError
+from tenure.service.processes import free_port
 from tests.clients.test_sdk_against_sidecar import KEY_A, MESSAGES, Sidecar, Upstream
 
 
 @pytest.fixture
 def sidecar(redis_url: str) -> Iterator[Sidecar]:
-    from service.app import create_app
-    from service.settings import load_settings
+    from tenure.service.app import create_app
+    from tenure.service.settings import load_settings
 
     upstream = Upstream()
     settings = load_settings(

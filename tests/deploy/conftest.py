@@ -25,7 +25,7 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def exported_series() -> frozenset[str]:
     """Every series name the sidecar's ``/metrics`` can carry, from its real metrics module."""
-    from service.metrics import Metrics
+    from tenure.service.metrics import Metrics
 
     registry = CollectorRegistry()
     Metrics(registry)

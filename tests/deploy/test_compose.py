@@ -47,7 +47,7 @@ def test_services_present(compose: dict[str, Any]) -> None:
 
 def test_sidecar_env_are_real_settings(compose: dict[str, Any]) -> None:
     """A typo in a TENURE_ variable would be silently ignored by pydantic-settings."""
-    from service.settings import Settings
+    from tenure.service.settings import Settings
 
     known = {f"TENURE_{name.upper()}" for name in Settings.model_fields}
     env = _env(compose["services"]["tenure"])
@@ -84,7 +84,7 @@ def test_vllm_runs_the_tenure_policy_on_a_gpu(compose: dict[str, Any], repo: Pat
     extra = config["kv_connector_extra_config"]
     assert extra["eviction_policy"] == "tenure"
     # Tenure's manager (gate + push channel) comes with the plugin's spec, not the stock one.
-    from engine_adapter.plugin import SPECS
+    from tenure.engine_adapter.plugin import SPECS
 
     assert extra["spec_name"] in SPECS and "CPU" not in extra["spec_name"]
     assert isinstance(extra["cpu_bytes_to_use"], int) and extra["cpu_bytes_to_use"] > 0
@@ -142,7 +142,7 @@ def test_bind_mounts_and_dockerfiles_exist(compose: dict[str, Any], repo: Path) 
 
 
 def test_sidecar_image_runs_tenure_serve(repo: Path) -> None:
-    from service.cli import build_parser
+    from tenure.service.cli import build_parser
 
     dockerfile = (repo / "deploy" / "docker" / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["tenure", "serve"]' in dockerfile
@@ -210,7 +210,7 @@ def scaled(repo: Path, compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_scaled_layout_wiring(scaled: dict[str, dict[str, Any]], repo: Path) -> None:
     """sidecars -> router (consistent_hash on the header they set) -> every engine; each
     engine reports under a listed id to a sidecar's push channel; Redis via three Sentinels."""
-    from service.settings import Settings
+    from tenure.service.settings import Settings
 
     known = {f"TENURE_{name.upper()}" for name in Settings.model_fields}
     sidecars = [n for n in scaled if n.startswith("tenure")]

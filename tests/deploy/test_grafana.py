@@ -68,7 +68,9 @@ def test_every_tenure_metric_in_dashboards_is_exported(
         }
         assert used, f"{path.name} uses no tenure_ metric"
         missing = used - exported_series
-        assert not missing, f"{path.name}: not exported by service.metrics: {sorted(missing)}"
+        assert not missing, (
+            f"{path.name}: not exported by tenure.service.metrics: {sorted(missing)}"
+        )
 
 
 def test_recorded_series_in_dashboards_have_rules(repo: Path) -> None:

@@ -126,7 +126,7 @@ def test_sidecar_is_replicated_and_scraped(
 def test_settings_come_from_configmap_and_secret(
     manifests: dict[tuple[str, str], dict[str, Any]],
 ) -> None:
-    from service.settings import Settings, SettingsError, load_settings
+    from tenure.service.settings import Settings, SettingsError, load_settings
 
     container = _container(manifests[("Deployment", "tenure")])
     sources = {
@@ -161,7 +161,7 @@ def test_sidecar_reaches_the_router_the_engines_and_redis(
 ) -> None:
     """sidecar -> vllm-router (consistent_hash, every engine pod listed) -> vLLM pods; the
     session header is set; the engine ids are the pods' names; Redis through Sentinel."""
-    from service.settings import load_settings
+    from tenure.service.settings import load_settings
 
     config = manifests[("ConfigMap", "tenure-settings")]["data"]
     upstream = urlsplit(config["TENURE_UPSTREAM_URL"])
@@ -214,7 +214,7 @@ def test_vllm_runs_tenure_and_reaches_the_push_channel(
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     extra = kv["kv_connector_extra_config"]
     assert kv["kv_connector"] == "OffloadingConnector" and extra["eviction_policy"] == "tenure"
-    from engine_adapter.plugin import SPECS
+    from tenure.engine_adapter.plugin import SPECS
 
     assert extra["spec_name"] in SPECS and "CPU" not in extra["spec_name"]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -233,8 +233,8 @@ def test_vllm_runs_tenure_and_reaches_the_push_channel(
 def test_probes_hit_a_real_sidecar_route(
     manifests: dict[tuple[str, str], dict[str, Any]], repo: Path
 ) -> None:
-    from service.app import create_app
-    from service.settings import load_settings
+    from tenure.service.app import create_app
+    from tenure.service.settings import load_settings
 
     app = create_app(load_settings(admin_token="deploy-test-token", push_addr=""))
     paths = {getattr(route, "path", None) for route in app.routes}

@@ -68,7 +68,7 @@ def test_rules_use_only_exported_metrics(repo: Path, exported_series: frozenset[
     used = {name for rule in _rules(repo) for name in TENURE_SERIES.findall(str(rule["expr"]))}
     assert used, "rules reference no tenure_ metrics"
     assert used <= exported_series, (
-        f"not exported by service.metrics: {sorted(used - exported_series)}"
+        f"not exported by tenure.service.metrics: {sorted(used - exported_series)}"
     )
 
 

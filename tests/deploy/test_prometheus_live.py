@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 import yaml
 
-from service.processes import free_port
+from tenure.service.processes import free_port
 from tests.conftest import poll
 
 PROMETHEUS = shutil.which("prometheus")
@@ -52,8 +52,8 @@ def _engine(request: httpx.Request) -> httpx.Response:
 
 @pytest.fixture
 def sidecar_port(redis_url: str) -> Iterator[int]:
-    from service.app import create_app
-    from service.settings import load_settings
+    from tenure.service.app import create_app
+    from tenure.service.settings import load_settings
 
     settings = load_settings(
         redis_url=redis_url,

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.processes import free_port
+from tenure.service.processes import free_port
 from tests.conftest import RedisProcess, wait_for
 from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
@@ -83,7 +83,7 @@ def served(
     }
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
+        [sys.executable, "-m", "tenure.service.cli", "serve", "--log-level", "warning"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

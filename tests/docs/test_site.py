@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
-from service.cli import build_parser
-from service.metrics import Metrics
-from service.settings import Settings
+from tenure.service.cli import build_parser
+from tenure.service.metrics import Metrics
+from tenure.service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,8 +148,8 @@ def test_every_cli_command_and_flag_is_in_the_reference(site: Path) -> None:
 
 
 def test_http_reference_lists_every_route(site: Path) -> None:
-    from service.app import create_app
-    from service.settings import load_settings
+    from tenure.service.app import create_app
+    from tenure.service.settings import load_settings
 
     schema = create_app(load_settings(dev_mode=True, push_addr="")).openapi()
     page = _text(site / "reference" / "http-api" / "index.html")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from engine_adapter.cpu_engine import CPU_ENGINE_ENV, kv_transfer_config
-from engine_adapter.testing.engine import live_manager
+from tenure.engine_adapter.cpu_engine import CPU_ENGINE_ENV, kv_transfer_config
+from tenure.engine_adapter.testing.engine import live_manager
 from tests.engine.router_peer import RouterPeer
 
 GPU_BLOCKS = 6  # 5 usable blocks of 128 tokens: a few 300-token prompts flood it
@@ -40,7 +40,7 @@ def model_cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from service.tools.tiny_model import ensure_tiny_model
+    from tenure.service.tools.tiny_model import ensure_tiny_model
 
     return str(ensure_tiny_model(model_cache_dir()))
 

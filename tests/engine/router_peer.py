@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from service.wire.push import (
+from tenure.service.wire.push import (
     Decision,
     Hello,
     Message,

@@ -1,8 +1,9 @@
 """The five ``CachePolicy`` contract defects vLLM's own offloading tests exposed, one test each.
 
 Each drives vLLM's real managers (stock ``CPUOffloadingManager`` and ``TenureOffloadingManager``)
-with the calls that broke the contract, under :func:`engine_adapter.testing.contract.instrument`
-(books, reference counts and ``evict``'s contract checked after every call):
+with the calls that broke the contract, under
+:func:`tenure.engine_adapter.testing.contract.instrument` (books, reference counts and ``evict``'s
+contract checked after every call):
 
 1. a request active across ``reset_cache()`` stores again (crashed: ``IndexError``);
 2. a session storing behind another session's prefix never evicts that prefix (``evict``
@@ -32,7 +33,7 @@ MANAGERS = ["stock", "tenure"]
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin() -> None:
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 
@@ -40,8 +41,8 @@ def _plugin() -> None:
 def manager_for(kind: str, capacity: int, policy: str = "tenure", threshold: int = 0) -> Any:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-    from engine_adapter.manager import TenureOffloadingManager
-    from engine_adapter.testing.contract import instrument
+    from tenure.engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.testing.contract import instrument
 
     cls = TenureOffloadingManager if kind == "tenure" else CPUOffloadingManager
     return instrument(cls(num_chunks=capacity, cache_policy=policy, store_threshold=threshold))
@@ -248,9 +249,9 @@ def test_every_registered_policy_resolves_by_name_and_builds_a_manager() -> None
     from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
     from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-    from engine_adapter.manager import TenureOffloadingManager
-    from engine_adapter.plugin import register, registered_policy_names
-    from engine_adapter.policy import TenureCachePolicy
+    from tenure.engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.plugin import register, registered_policy_names
+    from tenure.engine_adapter.policy import TenureCachePolicy
 
     register()  # idempotent: a second registration changes nothing
     names = registered_policy_names()

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from engine_adapter.testing.engine import live_manager
-from service.tools.tiny_model import word_prompt
+from tenure.engine_adapter.testing.engine import live_manager
+from tenure.service.tools.tiny_model import word_prompt
 from tests.engine.conftest import HOST_BLOCKS, generate, metric, settle
 from tests.engine.router_peer import RouterPeer, reports
 

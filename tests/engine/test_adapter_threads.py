@@ -5,7 +5,7 @@ policy's calls can come from different threads, each under the manager's lock (v
 every caller holds ``manager.lock``; a manager never takes it itself). The push channel's
 thread meanwhile only appends to the policy's inbox. Two scheduler-like threads drive one
 Tenure manager here, each step under one lock, while a third thread keeps pushing snapshots;
-:func:`engine_adapter.testing.contract.instrument` checks the contract after every call. The
+:func:`tenure.engine_adapter.testing.contract.instrument` checks the contract after every call. The
 same file runs on vLLM 0.32 (no ``lock`` attribute: a plain lock stands in) and 0.33.
 """
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin() -> None:
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 
@@ -44,9 +44,9 @@ def _driver(target: One, seed: int, prefix: str, serial_base: int) -> Driver:
 
 @pytest.mark.parametrize("policy", ["tenure", "tenure-lru"])
 def test_calls_from_two_threads_under_the_manager_lock_keep_the_contract(policy: str) -> None:
-    from engine_adapter.manager import TenureOffloadingManager
-    from engine_adapter.testing.contract import instrument
-    from service.wire.push import Decision, SessionState
+    from tenure.engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.testing.contract import instrument
+    from tenure.service.wire.push import Decision, SessionState
 
     manager = instrument(TenureOffloadingManager(num_chunks=12, cache_policy=policy))
     lock_of: AbstractContextManager[Any] = getattr(manager, "lock", nullcontext())

@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from engine_adapter.cpu_engine import CPU_ENGINE_ENV, kv_transfer_config, server_args
-from service.app import create_app
-from service.calibrate.cli import write_sidecar
-from service.cli import UsageError, main
-from service.policy.retention import PriceVector
-from service.processes import ManagedProcess, free_port, http_ok
-from service.settings import Settings
+from tenure.engine_adapter.cpu_engine import CPU_ENGINE_ENV, kv_transfer_config, server_args
+from tenure.service.app import create_app
+from tenure.service.calibrate.cli import write_sidecar
+from tenure.service.cli import UsageError, main
+from tenure.service.policy.retention import PriceVector
+from tenure.service.processes import ManagedProcess, free_port, http_ok
+from tenure.service.settings import Settings
 from tests.engine.conftest import model_cache_dir
 from tests.sidecar.fake_upstream import ServerThread
 
@@ -35,7 +35,7 @@ TOKEN = "calibrate-test-token"
 def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import sys
 
-    from service.tools.tiny_model import ensure_tiny_model
+    from tenure.service.tools.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(model_cache_dir())
     port = free_port()

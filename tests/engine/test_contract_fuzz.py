@@ -4,8 +4,8 @@ vLLM's real ``CPUOffloadingManager`` and Tenure's ``TenureOffloadingManager`` ru
 policy under :mod:`tests.engine.offload_driver`'s scheduler traffic (interleaved requests, late
 and failed transfers, shared prefixes, context edits — two in one request too — declared last
 turns, untagged requests, direct touches, ``reset_cache``, one or two KV groups), with and
-without vLLM's store threshold. :func:`engine_adapter.testing.contract.instrument` checks after
-every call: capacity, reference counts, protected keys never evicted, evict atomic (``None`` =
+without vLLM's store threshold. :func:`tenure.engine_adapter.testing.contract.instrument` checks
+after every call: capacity, reference counts, protected keys never evicted, evict atomic (``None`` =
 nothing changed), the tier's books equal to vLLM's chunk set, one key per slot.
 
 Seeded and bounded in time: ``TENURE_FUZZ_SECONDS`` per policy (default 2, split over the two
@@ -31,7 +31,7 @@ VARIANTS = [("stock", 0), ("tenure", 0), ("stock", 2), ("tenure", 2)]
 
 
 def _policies() -> list[str]:
-    from engine_adapter.plugin import registered_policy_names
+    from tenure.engine_adapter.plugin import registered_policy_names
 
     return sorted(registered_policy_names())
 
@@ -39,7 +39,7 @@ def _policies() -> list[str]:
 def make_manager(kind: str, policy: str, capacity: int, threshold: int) -> object:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-    from engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.manager import TenureOffloadingManager
 
     cls = TenureOffloadingManager if kind == "tenure" else CPUOffloadingManager
     return cls(num_chunks=capacity, cache_policy=policy, store_threshold=threshold)
@@ -47,14 +47,14 @@ def make_manager(kind: str, policy: str, capacity: int, threshold: int) -> objec
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin() -> None:
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 
 
 @pytest.mark.parametrize("policy", _policies())
 def test_contract_holds_under_random_scheduler_traffic(policy: str) -> None:
-    from engine_adapter.testing.contract import instrument
+    from tenure.engine_adapter.testing.contract import instrument
 
     deadline = time.monotonic() + SECONDS
     budget = SECONDS / len(VARIANTS)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from service.processes import ManagedProcess, free_port, http_json, http_ok
-from service.stack import TENURE_ARGV, LocalStack, StackConfig
-from service.tools.tiny_model import word_prompt
+from tenure.service.processes import ManagedProcess, free_port, http_json, http_ok
+from tenure.service.stack import TENURE_ARGV, LocalStack, StackConfig
+from tenure.service.tools.tiny_model import word_prompt
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]

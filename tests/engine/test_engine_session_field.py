@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from service.processes import http_json
-from service.stack import LocalStack, StackConfig
-from service.tools.tiny_model import word_prompt
-from service.wire.engine_session import engine_session_id
+from tenure.service.processes import http_json
+from tenure.service.stack import LocalStack, StackConfig
+from tenure.service.tools.tiny_model import word_prompt
+from tenure.service.wire.engine_session import engine_session_id
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [
@@ -159,7 +159,7 @@ ROUTES = ("chat", "completions", "messages", "responses")
 
 
 def test_the_routes_here_are_every_tracked_route() -> None:
-    from service.api.proxy.pipeline import TRACKED
+    from tenure.service.api.proxy.pipeline import TRACKED
 
     assert {shape.name for shape in TRACKED} == set(ROUTES)
 

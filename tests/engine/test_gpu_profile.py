@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from service.calibrate.gpu_profile import fit_line
-from service.cli import main
-from service.errors import UsageError
-from service.replay.hardware import PROFILES, get_profile
+from tenure.service.calibrate.gpu_profile import fit_line
+from tenure.service.cli import main
+from tenure.service.errors import UsageError
+from tenure.service.replay.hardware import PROFILES, get_profile
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "h200-llama3-8b-measured-cpu-dry-run"
@@ -68,7 +68,7 @@ def test_cpu_dry_run_writes_a_profile_the_replay_loads_by_name(
     with pytest.raises(UsageError, match=NAME):
         get_profile("no-such-profile")
     # The replay runs on it.
-    from service.replay.paths import claude_code_trace
+    from tenure.service.replay.paths import claude_code_trace
 
     argv = ["replay", "ladder", "--trace", str(claude_code_trace()), "--max-sessions", "2",
             "--policies", "lru", "--hardware", NAME, "--seeds", "0"]  # fmt: skip

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from service.processes import http_ok
-from service.stack import TENURE_ARGV
+from tenure.service.processes import http_ok
+from tenure.service.stack import TENURE_ARGV
 
 pytestmark = pytest.mark.engine
 
@@ -88,8 +88,8 @@ def test_json_has_the_issue_schema_and_every_call_answered(ab: dict[str, Any]) -
 
 
 def test_out_of_regime_flags_a_speed_more_than_twice_off_the_profile() -> None:
-    from service.live.speed import engine_speed, out_of_regime
-    from service.replay.hardware import get_profile
+    from tenure.service.live.speed import engine_speed, out_of_regime
+    from tenure.service.replay.hardware import get_profile
 
     profile = get_profile("cpu-tiny-fp32")
     metrics = {
@@ -180,7 +180,7 @@ def test_nothing_left_running(ab: dict[str, Any]) -> None:
 def test_recorded_traffic_replays_as_the_same_sessions_turns_and_tokens(
     ab: dict[str, Any],
 ) -> None:
-    from service.replay.loaders.canonical import load_canonical
+    from tenure.service.replay.loaders.canonical import load_canonical
 
     doc = ab["doc"]
     recorded = load_canonical(ab["record"])

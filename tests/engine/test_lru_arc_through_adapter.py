@@ -37,7 +37,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin() -> None:
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 
@@ -59,8 +59,8 @@ def _check(name: str, theirs: Any, ours: Any) -> None:
 def _run(kind: str, policy: str, threshold: int, seed: int, steps: int) -> dict[str, int]:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-    from engine_adapter.manager import TenureOffloadingManager
-    from engine_adapter.testing.contract import instrument
+    from tenure.engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.testing.contract import instrument
 
     rng = random.Random(seed)
     capacity = rng.choice([6, 12, 24])
@@ -128,8 +128,8 @@ def test_direct_touch_reorders_lru_as_vllm_does() -> None:
     from vllm.v1.kv_offload.base import ReqContext
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-    from engine_adapter.manager import TenureOffloadingManager
-    from engine_adapter.vllm_compat import request_ranked_lru
+    from tenure.engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.vllm_compat import request_ranked_lru
     from tests.engine.offload_driver import key
 
     expected = [4, 2] if request_ranked_lru() else [2, 4]

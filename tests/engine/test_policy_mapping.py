@@ -19,7 +19,7 @@ BLOCK = 16
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin():
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 
@@ -38,7 +38,7 @@ def make_ctx(req_id: str, keys: list[Any], tags: dict[str, Any] | None) -> Any:
 
 
 def tenure_manager(capacity: int, policy: str = "tenure"):
-    from engine_adapter.manager import TenureOffloadingManager
+    from tenure.engine_adapter.manager import TenureOffloadingManager
 
     return TenureOffloadingManager(num_chunks=capacity, cache_policy=policy, block_tokens=BLOCK)
 
@@ -69,7 +69,7 @@ def check_books(manager) -> None:
     policy = manager._policy
     allocated = manager._num_allocated_chunks - len(manager._free_list)
     assert allocated == len(policy.chunks), "vLLM's pool and the policy disagree"
-    from engine_adapter.policy import TenureCachePolicy
+    from tenure.engine_adapter.policy import TenureCachePolicy
 
     tenure = policy if isinstance(policy, TenureCachePolicy) else None
     if tenure is None:
@@ -193,7 +193,7 @@ def test_stock_manager_with_tenure_policy_stays_consistent():
 
 
 def test_per_session_tables_stay_bounded(monkeypatch):
-    import engine_adapter.pushed as module
+    import tenure.engine_adapter.pushed as module
 
     monkeypatch.setattr(module, "_PRUNE_ABOVE", 50)
     manager = tenure_manager(capacity=8)
@@ -214,7 +214,7 @@ def test_vllm_033_insert_with_request_context_maps_the_key_to_its_session() -> N
     block inserted without a prior gate decision is placed in the context's session."""
     from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-    from engine_adapter.policies import policy_class_for
+    from tenure.engine_adapter.policies import policy_class_for
 
     policy = policy_class_for("tenure")(cache_capacity=8)
     policy.block_tokens = BLOCK

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 @pytest.fixture
 def policy():
-    from engine_adapter.policies import policy_class_for
+    from tenure.engine_adapter.policies import policy_class_for
 
     return policy_class_for("tenure")(cache_capacity=16)
 
@@ -31,7 +31,7 @@ def peer():
 
 @pytest.fixture
 def client(policy, peer):
-    from engine_adapter.push_client import PushClient
+    from tenure.engine_adapter.push_client import PushClient
 
     wakes: list[float] = []
     push = PushClient(
@@ -54,7 +54,7 @@ def drain(policy) -> None:
 
 
 def test_hello_then_snapshot_then_decisions_in_order(policy, peer, client):
-    from service.wire.push import Hello
+    from tenure.service.wire.push import Hello
 
     assert peer.wait_for(lambda: bool(peer.messages(Hello)))
     hello = peer.messages(Hello)[0]
@@ -71,7 +71,7 @@ def test_hello_then_snapshot_then_decisions_in_order(policy, peer, client):
 
 
 def test_gap_asks_for_resync_and_keeps_applying(policy, peer, client):
-    from service.wire.push import ResyncRequest
+    from tenure.service.wire.push import ResyncRequest
 
     assert peer.wait_for(lambda: client.counters["snapshots"] >= 1)
     peer.decide("t/a", "idle", expected_gap_s=1.0)
@@ -97,7 +97,7 @@ def test_duplicates_are_dropped(policy, peer, client):
 
 
 def test_restarted_sidecar_is_noticed_and_resynced(policy, peer, client):
-    from service.wire.push import Hello
+    from tenure.service.wire.push import Hello
 
     assert peer.wait_for(lambda: client.counters["snapshots"] >= 1)
     peer.decide("t/a", "suspended", host_ttl_s=600.0)
@@ -136,7 +136,7 @@ def test_reports_carry_counter_deltas(policy, peer, client):
 
 
 def test_no_sidecar_nothing_queues(policy):
-    from engine_adapter.push_client import PushClient
+    from tenure.engine_adapter.push_client import PushClient
     from tests.conftest import free_port
 
     push = PushClient(
@@ -158,8 +158,8 @@ def test_no_sidecar_nothing_queues(policy):
 
 
 def test_sidecar_starting_after_the_engine_gets_a_hello_at_once(policy):
-    from engine_adapter.push_client import PushClient
-    from service.wire.push import Hello
+    from tenure.engine_adapter.push_client import PushClient
+    from tenure.service.wire.push import Hello
     from tests.conftest import free_port, wait_for
 
     port = free_port()

@@ -42,9 +42,9 @@ from typing import Any, cast
 import pytest
 import redis
 
-from service.live.stack import ABStack, ABStackConfig, kv_bytes_per_block
-from service.processes import http_json
-from service.tools.tiny_model import VOCAB_SIZE, word_prompt
+from tenure.service.live.stack import ABStack, ABStackConfig, kv_bytes_per_block
+from tenure.service.processes import http_json
+from tenure.service.tools.tiny_model import VOCAB_SIZE, word_prompt
 from tests.conftest import RedisProcess, wait_for
 from tests.engine.conftest import model_cache_dir
 from tests.harness import clis

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from service.policy.platforms import PLATFORMS
-from service.policy.rent import rent_budget
-from service.wire.push import Decision, RetentionState, Snapshot, TierConfig
+from tenure.service.policy.platforms import PLATFORMS
+from tenure.service.policy.rent import rent_budget
+from tenure.service.wire.push import Decision, RetentionState, Snapshot, TierConfig
 from tests.engine.test_policy_mapping import key, serve, tenure_manager
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -29,7 +29,7 @@ BLOCKS = [key(1, 0), key(1, 1)]
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin():
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 
@@ -196,7 +196,7 @@ def test_a_bad_limit_in_a_decision_is_counted_and_its_ttl_applies(limit: float) 
 def test_frames_of_older_peers_decode_with_no_limit_and_no_clock() -> None:
     import msgspec
 
-    from service.wire.push import decode
+    from tenure.service.wire.push import decode
 
     old = {"type": "decision", "seq": 3, "session_id": "acme/s", "state": "suspended",
            "host_ttl_s": 30.0}  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vllm.v1.kv_offload.base import ReqContext
 
-from engine_adapter.resumes import ResumeTracker
+from tenure.engine_adapter.resumes import ResumeTracker
 
 BLOCK = 128
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from service.cli import main
-from service.policy.retention import PriceVector, host_ttl_seconds
-from service.processes import http_json
-from service.stack import LocalStack, StackConfig
-from service.tools.tiny_model import word_prompt
+from tenure.service.cli import main
+from tenure.service.policy.retention import PriceVector, host_ttl_seconds
+from tenure.service.processes import http_json
+from tenure.service.stack import LocalStack, StackConfig
+from tenure.service.tools.tiny_model import word_prompt
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from service.processes import StackError, http_json, scrape
-from service.stack.multi import MultiStack, MultiStackConfig
-from service.tools.tiny_model import word_prompt
+from tenure.service.processes import StackError, http_json, scrape
+from tenure.service.stack.multi import MultiStack, MultiStackConfig
+from tenure.service.tools.tiny_model import word_prompt
 from tests.engine.conftest import model_cache_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::FutureWarning")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_adapter.segment_book import UNTAGGED, SegmentBook
-from service.policy.placement import create_placement
+from tenure.engine_adapter.segment_book import UNTAGGED, SegmentBook
+from tenure.service.policy.placement import create_placement
 
 B = 128  # tokens per block
 

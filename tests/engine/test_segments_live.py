@@ -28,16 +28,16 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from engine_adapter.cpu_engine import (
+from tenure.engine_adapter.cpu_engine import (
     CPU_ENGINE_ENV,
     bytes_per_block,
     kv_transfer_config,
     server_args,
 )
-from service.app import create_app
-from service.processes import ManagedProcess, free_port, http_ok
-from service.settings import Settings
-from service.tools.tiny_model import word_prompt
+from tenure.service.app import create_app
+from tenure.service.processes import ManagedProcess, free_port, http_ok
+from tenure.service.settings import Settings
+from tenure.service.tools.tiny_model import word_prompt
 from tests.sidecar.fake_upstream import ServerThread
 
 # The vLLM server's start is part of the first test's time (~60 s alone, 3 min on a busy VM).

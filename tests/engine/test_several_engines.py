@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.wire.push import Decision
+from tenure.service.wire.push import Decision
 from tests.engine.test_policy_mapping import key, serve, tenure_manager
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin():
-    from engine_adapter.plugin import register
+    from tenure.engine_adapter.plugin import register
 
     register()
 

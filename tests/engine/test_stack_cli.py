@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from service.stack import TENURE_ARGV
+from tenure.service.stack import TENURE_ARGV
 
 
 def tenure(*args: str) -> subprocess.CompletedProcess[str]:

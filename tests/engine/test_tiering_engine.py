@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from engine_adapter.placement_push import placement_delta
-from engine_adapter.testing.engine import live_manager
+from tenure.engine_adapter.placement_push import placement_delta
+from tenure.engine_adapter.testing.engine import live_manager
 from tests.engine.conftest import metric, settle
 
 pytestmark = pytest.mark.engine
@@ -197,7 +197,7 @@ def test_reasoning_never_hits_the_ssd_and_a_worker_is_deleted_at_its_return(
     assert report["write_bytes"]["dram:reasoning"] == tier.block_size_bytes
     assert report["projected_device_years"] is not None and report["warranty_years"] == 5.0
     assert metric(llm, "vllm:kv_offload_segment_write_bytes") > 0
-    # What the tier would push to the sidecar (engine_adapter.placement_push) is the same
+    # What the tier would push to the sidecar (tenure.engine_adapter.placement_push) is the same
     # accounting: per tier and class, every file written was deleted by a boundary.
     push = placement_delta(tier.placement_totals(), None, adapter_id="e", seq=1, at=0.0)
     assert push.placement == "lachesis-wt"
@@ -248,8 +248,8 @@ def test_the_tier_reports_on_its_engines_one_push_connection(engines: Any, tmp_p
     TCP connection from the engine's process), not on a socket of the tier's own."""
     import psutil
 
-    from engine_adapter.push_client import PushClient
-    from service.wire.push import Hello, PlacementReport
+    from tenure.engine_adapter.push_client import PushClient
+    from tenure.service.wire.push import Hello, PlacementReport
     from tests.engine.router_peer import RouterPeer
 
     peer = RouterPeer()

@@ -1,4 +1,4 @@
-"""Each private vLLM name in ``engine_adapter.vllm_compat`` exists on the installed vLLM.
+"""Each private vLLM name in ``tenure.engine_adapter.vllm_compat`` exists on the installed vLLM.
 
 A vLLM upgrade that moves one fails here, naming it and what breaks, before an engine test
 fails somewhere downstream for a reason that is hard to read.
@@ -14,7 +14,7 @@ import re
 import pytest
 import vllm
 
-from engine_adapter.vllm_compat import PRIVATE_NAMES, PrivateName
+from tenure.engine_adapter.vllm_compat import PRIVATE_NAMES, PrivateName
 
 
 def _owner(entry: PrivateName) -> object:
@@ -67,14 +67,14 @@ def test_the_adapter_spells_no_private_vllm_name_outside_the_compat_module() -> 
 
 @pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "0.33rc1.dev2", "dev"])
 def test_another_vllm_release_gets_one_error_naming_the_supported_range(version: str) -> None:
-    from engine_adapter.vllm_compat import UnsupportedVllmError, check_supported
+    from tenure.engine_adapter.vllm_compat import UnsupportedVllmError, check_supported
 
     with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x to 0\.33\.x"):
         check_supported(version)
 
 
 def test_the_installed_vllm_is_supported_and_tenure_lru_follows_its_lru() -> None:
-    from engine_adapter.vllm_compat import check_supported, core_params
+    from tenure.engine_adapter.vllm_compat import check_supported, core_params
 
     release = check_supported()
     assert release in ((0, 32), (0, 33))

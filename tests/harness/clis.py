@@ -32,7 +32,7 @@ __all__ = [
     "install",
 ]
 
-#: The versions the harness profiles were checked on (service.harness.profiles).
+#: The versions the harness profiles were checked on (tenure.service.harness.profiles).
 CLAUDE_CODE_VERSION = "2.1.332"
 CODEX_VERSION = "0.171.0"
 ROOT = Path(__file__).resolve().parents[2]

@@ -52,7 +52,9 @@ def main() -> int:
         "TENURE_TENANTS": json.dumps({KEYS["claude"]: {"name": "claude"},
                                       KEYS["codex"]: {"name": "codex"}}),
     }  # fmt: skip
-    serve = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], env=env, cwd=root)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tenure.service.cli", "serve"], env=env, cwd=root
+    )
     url = f"http://127.0.0.1:{port}"
     try:
 

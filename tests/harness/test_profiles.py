@@ -1,4 +1,4 @@
-"""The harness profiles (service.harness.profiles) on the fields the real CLIs send.
+"""The harness profiles (tenure.service.harness.profiles) on the fields the real CLIs send.
 
 The headers and system blocks below are what Claude Code 2.1.332 and Codex 0.171.0 sent
 through the scripted engine (tests/harness/test_real_clis.py runs the CLIs themselves).
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service.harness.profiles import (
+from tenure.service.harness.profiles import (
     CLAUDE_CODE,
     CODEX,
     GENERIC,
@@ -150,9 +150,9 @@ def test_parse_version() -> None:
 def test_the_sidecar_rules_tenure_hints_win_and_the_end_is_switchable() -> None:
     from prometheus_client import CollectorRegistry
 
-    from service.api.hints.harness import HarnessRules, likely_end
-    from service.api.hints.tenure import Hints
-    from service.metrics import Metrics
+    from tenure.service.api.hints.harness import HarnessRules, likely_end
+    from tenure.service.api.hints.tenure import Hints
+    from tenure.service.metrics import Metrics
 
     rules = HarnessRules(Metrics(CollectorRegistry()))
     headers = _claude_headers(**{AGENT: "a42085feec837a739"})

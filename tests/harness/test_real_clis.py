@@ -23,8 +23,8 @@ import httpx
 import pytest
 import redis
 
-from service.replay.loaders.canonical import load_canonical
-from service.replay.model import Trace
+from tenure.service.replay.loaders.canonical import load_canonical
+from tenure.service.replay.model import Trace
 from tests.conftest import RedisProcess, wait_for
 from tests.harness import clis
 from tests.harness.scripted_engine import Received, ScriptedEngine
@@ -111,7 +111,7 @@ def stack(
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     log_file = log_path.open("wb")
     serve = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve"], env=env, cwd=root,
+        [sys.executable, "-m", "tenure.service.cli", "serve"], env=env, cwd=root,
         stdout=log_file, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from service.live.dispatch import ClosedLoop, DispatchPlan, Gate, plan_dispatch
-from service.live.verdict import say_verdict, verdict
+from tenure.service.live.dispatch import ClosedLoop, DispatchPlan, Gate, plan_dispatch
+from tenure.service.live.verdict import say_verdict, verdict
 
 TRACE = Path(__file__).resolve().parents[3] / "shared/traces/claude_code/sessions.jsonl.gz"
 if not TRACE.is_file():
@@ -23,8 +23,8 @@ if not TRACE.is_file():
 
 
 def _quick_slice() -> tuple[Any, Any, list[tuple[float, int]]]:
-    from service.live.cli import ENGINE_DEFAULTS, QUICK, _load_slice
-    from service.live.workload import SliceSpec, arrival_schedule, engine_trace
+    from tenure.service.live.cli import ENGINE_DEFAULTS, QUICK, _load_slice
+    from tenure.service.live.workload import SliceSpec, arrival_schedule, engine_trace
 
     sessions, turns, rate, scale, gap, _budget = QUICK
     spec = SliceSpec(
@@ -40,8 +40,8 @@ def _quick_slice() -> tuple[Any, Any, list[tuple[float, int]]]:
 def test_plan_replays_the_simulated_runs_order() -> None:
     """The plan, drawn from a simulated arm's completion times, finishes the calls in the order
     the simulator itself finished them: the driver's closed loop is the simulator's."""
-    from service.live.profiles import engine_profile
-    from service.live.simulated import run_simulated
+    from tenure.service.live.profiles import engine_profile
+    from tenure.service.live.simulated import run_simulated
 
     work, etrace, schedule = _quick_slice()
     run = run_simulated(
@@ -133,7 +133,7 @@ def test_cancelling_a_run_cancels_its_held_calls() -> None:
 
 
 def test_closed_loop_waits_for_the_gap_after_the_answer() -> None:
-    from service.live.workload import LiveSession, LiveTurn, SliceSpec, Workload
+    from tenure.service.live.workload import LiveSession, LiveTurn, SliceSpec, Workload
 
     turn = LiveTurn(gap_s=0.5, words=(1, 2), tool=True, answer_words=0, last=False)
     last = LiveTurn(gap_s=0.25, words=(1, 2, 3), tool=False, answer_words=2, last=True)

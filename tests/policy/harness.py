@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from service.policy import HostTier, Run, SessionHint, StoreResult, create_policy
+from tenure.service.policy import HostTier, Run, SessionHint, StoreResult, create_policy
 
 
 class Harness:

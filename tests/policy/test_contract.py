@@ -8,8 +8,15 @@ from typing import Any
 
 import pytest
 
-from service.policy import HostTier, Run, SessionHint, TierPolicy, create_policy, policy_names
-from service.policy.registry import UnknownPolicyError, admission_policy_names, policy_class
+from tenure.service.policy import (
+    HostTier,
+    Run,
+    SessionHint,
+    TierPolicy,
+    create_policy,
+    policy_names,
+)
+from tenure.service.policy.registry import UnknownPolicyError, admission_policy_names, policy_class
 
 CAPACITY = 40
 

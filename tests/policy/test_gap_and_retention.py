@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from service.policy import GapPredictor
-from service.policy.lifecycle import RetentionSettings, on_response, on_suspend
-from service.policy.retention import (
+from tenure.service.policy import GapPredictor
+from tenure.service.policy.lifecycle import RetentionSettings, on_response, on_suspend
+from tenure.service.policy.retention import (
     DEFAULT_PRICE,
     LambdaEstimator,
     PriceVector,
@@ -16,7 +16,7 @@ from service.policy.retention import (
     host_ttl_seconds,
     lambda_crit,
 )
-from service.policy.retention_costs import choose_regime
+from tenure.service.policy.retention_costs import choose_regime
 
 
 def test_gap_predictor_learns_bimodal_gaps_by_stop_reason() -> None:

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from service.policy import HostTier, Run, SessionHint, create_policy
-from service.policy.gate import TenureGate
-from service.policy.types import EvictionClass
+from tenure.service.policy import HostTier, Run, SessionHint, create_policy
+from tenure.service.policy.gate import TenureGate
+from tenure.service.policy.types import EvictionClass
 
 
 def _reference_order(

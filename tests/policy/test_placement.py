@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from service.policy import HostTier, Run, create_policy
-from service.policy.endurance import SECONDS_PER_YEAR, Endurance, WriteRateMeter
-from service.policy.placement import (
+from tenure.service.policy import HostTier, Run, create_policy
+from tenure.service.policy.endurance import SECONDS_PER_YEAR, Endurance, WriteRateMeter
+from tenure.service.policy.placement import (
     Route,
     UnknownPlacementError,
     WorkerSlot,
@@ -16,9 +16,9 @@ from service.policy.placement import (
     fast_workers,
     placement_names,
 )
-from service.policy.placement_guard import PlacementGuard
-from service.policy.segments import SegmentClass, SessionRole
-from service.wire.segments import SegmentWireError, parse_segment_tags
+from tenure.service.policy.placement_guard import PlacementGuard
+from tenure.service.policy.segments import SegmentClass, SessionRole
+from tenure.service.wire.segments import SegmentWireError, parse_segment_tags
 
 ALL = placement_names()
 

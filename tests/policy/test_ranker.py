@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.policy.ranker import (
+from tenure.service.policy.ranker import (
     EXTENDED_FEATURES,
     NUMERIC_FEATURES,
     HeuristicRanker,
@@ -17,7 +17,7 @@ from service.policy.ranker import (
     SpawnRecord,
     model_family,
 )
-from service.policy.ranker_fit import (
+from tenure.service.policy.ranker_fit import (
     LabeledSpawn,
     cross_validate,
     fit_pairwise,

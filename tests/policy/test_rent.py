@@ -7,15 +7,19 @@ import math
 import numpy as np
 import pytest
 
-from service.policy.platforms import PLATFORMS
-from service.policy.rate import rate_estimator
-from service.policy.rent import RentClock, rent_budget
-from service.policy.retention import alpha2
-from service.policy.retention_control import OneShotController, OnlineController, OnlineSettings
-from service.policy.retention_costs import RetentionModel
-from service.replay.ttl_families import synthetic_family
-from service.replay.ttl_policies import OneShotPolicy
-from service.replay.ttl_sim import (
+from tenure.service.policy.platforms import PLATFORMS
+from tenure.service.policy.rate import rate_estimator
+from tenure.service.policy.rent import RentClock, rent_budget
+from tenure.service.policy.retention import alpha2
+from tenure.service.policy.retention_control import (
+    OneShotController,
+    OnlineController,
+    OnlineSettings,
+)
+from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.replay.ttl_families import synthetic_family
+from tenure.service.replay.ttl_policies import OneShotPolicy
+from tenure.service.replay.ttl_sim import (
     RentLimit,
     RentTrace,
     poisson_arrivals,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from service.policy import lifecycle
-from service.policy.platforms import PLATFORMS
-from service.policy.rent import RentClock, rent_budget
-from service.policy.retention import alpha2, lambda_crit
+from tenure.service.policy import lifecycle
+from tenure.service.policy.platforms import PLATFORMS
+from tenure.service.policy.rent import RentClock, rent_budget
+from tenure.service.policy.retention import alpha2, lambda_crit
 
 PRICE = PLATFORMS["h100-nvl"].price
 SETTINGS = lifecycle.RetentionSettings(price=PRICE, host_slots=425, w_ref_s=1800.0)

@@ -8,23 +8,28 @@ import random
 import numpy as np
 import pytest
 
-from service.policy.host_loss import (
+from tenure.service.policy.host_loss import (
     HostSlots,
     episode_cost,
     erlang_b,
     poisson_arrivals,
     steady_state_cost,
 )
-from service.policy.platforms import PLATFORMS
-from service.policy.retention_control import (
+from tenure.service.policy.platforms import PLATFORMS
+from tenure.service.policy.retention_control import (
     OneShotController,
     OnlineController,
     OnlineSettings,
     rechoose_branch,
 )
-from service.policy.retention_costs import Branch, RetentionModel, branch_costs, choose_regime
-from service.policy.waits import SuspensionCohort, WaitWindow
-from service.replay.ttl_families import synthetic_family
+from tenure.service.policy.retention_costs import (
+    Branch,
+    RetentionModel,
+    branch_costs,
+    choose_regime,
+)
+from tenure.service.policy.waits import SuspensionCohort, WaitWindow
+from tenure.service.replay.ttl_families import synthetic_family
 
 PRICE = PLATFORMS["h100-nvl"].price
 MODEL = RetentionModel(PRICE, 425, 1800.0)

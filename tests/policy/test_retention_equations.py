@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from service.policy.platforms import PLATFORMS, alpha1_from_pool, get_platform
-from service.policy.retention import (
+from tenure.service.policy.platforms import PLATFORMS, alpha1_from_pool, get_platform
+from tenure.service.policy.retention import (
     DEFAULT_PRICE,
     PriceVector,
     alpha2,
@@ -15,7 +15,7 @@ from service.policy.retention import (
     host_ttl_seconds,
     lambda_crit,
 )
-from service.policy.retention_costs import RetentionModel, branch_costs
+from tenure.service.policy.retention_costs import RetentionModel, branch_costs
 
 C2, W_REF = 425.0, 1800.0
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from service.policy.rate import (
+from tenure.service.policy.rate import (
     ChangePointRate,
     DecayingRate,
     SlidingWindowRate,
@@ -14,7 +14,7 @@ from service.policy.rate import (
     rate_estimator_from_state,
     rate_lower_bound,
 )
-from service.policy.retention import LambdaEstimator
+from tenure.service.policy.retention import LambdaEstimator
 
 SPECS = ("window:900", "decay:900", "changepoint:300")
 

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from service.policy.rent import RentClock
-from service.policy.retention import PriceVector
-from service.policy.retention_control import OnlineController, OnlineSettings
-from service.policy.retention_costs import RetentionModel
-from service.policy.retention_rule import check_scale, choose_timer, timer_for_scale
+from tenure.service.policy.rent import RentClock
+from tenure.service.policy.retention import PriceVector
+from tenure.service.policy.retention_control import OnlineController, OnlineSettings
+from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.policy.retention_rule import check_scale, choose_timer, timer_for_scale
 
 MODEL = RetentionModel(PriceVector(0.0176, 0.02, 1.91), 425, 1800.0)
 CRIT = MODEL.lambda_crit

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from service.policy import EvictionClass, Run, SessionHint
-from service.policy.sessions import SessionPolicy
+from tenure.service.policy import EvictionClass, Run, SessionHint
+from tenure.service.policy.sessions import SessionPolicy
 from tests.policy.harness import Harness
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.policy.segments import (
+from tenure.service.policy.segments import (
     BoundaryOrderError,
     DuplicateSegmentError,
     SegmentClass,

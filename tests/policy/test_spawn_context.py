@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from service.policy.ranker import SpawnRecord
-from service.policy.spawn_context import (
+from tenure.service.policy.ranker import SpawnRecord
+from tenure.service.policy.spawn_context import (
     ParentCall,
     WorkerHistory,
     history_at,

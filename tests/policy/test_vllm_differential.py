@@ -19,7 +19,7 @@ import itertools
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-from service.policy import HostTier, Run, create_policy
+from tenure.service.policy import HostTier, Run, create_policy
 
 
 def _key(session: int, index: int) -> OffloadKey:

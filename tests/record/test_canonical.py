@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.record.canonical import to_canonical
-from service.record.events import (
+from tenure.service.record.canonical import to_canonical
+from tenure.service.record.events import (
     RecordedTurn,
     hashed_session,
     prefix_chunks,
     request_bytes,
 )
-from service.replay.loaders.canonical import load_canonical
+from tenure.service.replay.loaders.canonical import load_canonical
 
 CHUNK = 32
 

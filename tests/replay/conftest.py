@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from service.replay.loaders import load_trace
-from service.replay.loaders.claude_code_meta import TraceMeta, load_claude_code_meta
-from service.replay.model import Trace
-from service.replay.paths import claude_code_trace, mooncake_trace
+from tenure.service.replay.loaders import load_trace
+from tenure.service.replay.loaders.claude_code_meta import TraceMeta, load_claude_code_meta
+from tenure.service.replay.model import Trace
+from tenure.service.replay.paths import claude_code_trace, mooncake_trace
 
 
 @pytest.fixture(scope="session")

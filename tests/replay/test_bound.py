@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from service.policy import policy_names
-from service.policy.types import Run
-from service.replay.bound import Access, BlockWork, block_work, prefill_bound, saved_work
-from service.replay.config import ReplayConfig
-from service.replay.engine import simulate
-from service.replay.hardware import get_profile
-from service.replay.model import Trace
+from tenure.service.policy import policy_names
+from tenure.service.policy.types import Run
+from tenure.service.replay.bound import Access, BlockWork, block_work, prefill_bound, saved_work
+from tenure.service.replay.config import ReplayConfig
+from tenure.service.replay.engine import simulate
+from tenure.service.replay.hardware import get_profile
+from tenure.service.replay.model import Trace
 
 H100 = get_profile("h100-llama3-8b")
 WORK = BlockWork(alpha=1.0, beta=0.5)  # a deep block is worth more than a shallow one

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
+from tenure.service.cli import main
 
 RESULT_KEYS = {
     "p50_jct_s",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from service.replay.config import ReplayConfig
-from service.replay.engine import simulate
-from service.replay.hardware import get_profile
-from service.replay.model import Trace
-from service.replay.results import RunResult
+from tenure.service.replay.config import ReplayConfig
+from tenure.service.replay.engine import simulate
+from tenure.service.replay.hardware import get_profile
+from tenure.service.replay.model import Trace
+from tenure.service.replay.results import RunResult
 
 H100 = get_profile("h100-llama3-8b")
 # A small, pressured point: a dozen real sessions arriving every ~2 minutes into an 8 GiB tier.

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.replay.loaders import TraceError, load_trace, write_canonical
-from service.replay.model import Trace
+from tenure.service.replay.loaders import TraceError, load_trace, write_canonical
+from tenure.service.replay.model import Trace
 
 
 def _is_path(trace: Trace) -> bool:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from service.policy.types import Run
-from service.replay.gpu_pool import GpuPrefixCache
-from service.replay.model import SegmentBuilder, SegmentTable, Trace, rle, slice_runs
+from tenure.service.policy.types import Run
+from tenure.service.replay.gpu_pool import GpuPrefixCache
+from tenure.service.replay.model import SegmentBuilder, SegmentTable, Trace, rle, slice_runs
 
 
 def _builder() -> tuple[Trace, SegmentBuilder]:

@@ -11,18 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.cli import main
-from service.policy.placement import UnknownPlacementError
-from service.policy.ranker import RidgeRanker
-from service.policy.ranker_fit import LabeledSpawn, cross_validate
-from service.replay.config import ReplayConfig, TieringConfig, WorkloadNotes
-from service.replay.engine import simulate
-from service.replay.hardware import PROFILES, SSD_PROFILES
-from service.replay.loaders.claude_code_meta import TraceMeta
-from service.replay.model import Trace
-from service.replay.placement_exp import placement_sessions
-from service.replay.reasoning import estimate_reasoning
-from service.replay.results import RunResult
+from tenure.service.cli import main
+from tenure.service.policy.placement import UnknownPlacementError
+from tenure.service.policy.ranker import RidgeRanker
+from tenure.service.policy.ranker_fit import LabeledSpawn, cross_validate
+from tenure.service.replay.config import ReplayConfig, TieringConfig, WorkloadNotes
+from tenure.service.replay.engine import simulate
+from tenure.service.replay.hardware import PROFILES, SSD_PROFILES
+from tenure.service.replay.loaders.claude_code_meta import TraceMeta
+from tenure.service.replay.model import Trace
+from tenure.service.replay.placement_exp import placement_sessions
+from tenure.service.replay.reasoning import estimate_reasoning
+from tenure.service.replay.results import RunResult
 
 H100 = PROFILES["h100-llama3-8b"]
 SSD = SSD_PROFILES["micron-7450-pro-3.84tb"]

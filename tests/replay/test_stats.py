@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.replay.stats import SeedSample, bootstrap_ci, clustered_ci, paired_delta, percentile
+from tenure.service.replay.stats import (
+    SeedSample,
+    bootstrap_ci,
+    clustered_ci,
+    paired_delta,
+    percentile,
+)
 
 
 def _sample(seed: int, shift: float = 0.0) -> SeedSample:

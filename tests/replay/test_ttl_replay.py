@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.cli import main
-from service.policy.host_loss import episode_cost
-from service.policy.platforms import PLATFORMS
-from service.policy.retention_costs import RetentionModel
-from service.replay import ttl_diagnose
-from service.replay.paths import claude_code_trace
-from service.replay.ttl_drift import DriftPhase, DriftSpec, run_drift
-from service.replay.ttl_families import human_turn_gaps, synthetic_family
-from service.replay.ttl_sim import FixedTimer, poisson_arrivals, replay_policy, replay_timers
-from service.replay.ttl_table6 import FIXED_TIMERS, Table6Spec, run_table6
+from tenure.service.cli import main
+from tenure.service.policy.host_loss import episode_cost
+from tenure.service.policy.platforms import PLATFORMS
+from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.replay import ttl_diagnose
+from tenure.service.replay.paths import claude_code_trace
+from tenure.service.replay.ttl_drift import DriftPhase, DriftSpec, run_drift
+from tenure.service.replay.ttl_families import human_turn_gaps, synthetic_family
+from tenure.service.replay.ttl_sim import FixedTimer, poisson_arrivals, replay_policy, replay_timers
+from tenure.service.replay.ttl_table6 import FIXED_TIMERS, Table6Spec, run_table6
 
 PRICE = PLATFORMS["h100-nvl"].price
 MODEL = RetentionModel(PRICE, 425, 1800.0)

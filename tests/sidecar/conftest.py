@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.app import create_app
-from service.settings import Settings
+from tenure.service.app import create_app
+from tenure.service.settings import Settings
 from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
 ADMIN_TOKEN = "test-admin-token"

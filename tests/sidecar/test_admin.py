@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from service.settings import SettingsError, load_settings
+from tenure.service.settings import SettingsError, load_settings
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
 
-from service.state.batcher import ScriptBatcher
+from tenure.service.state.batcher import ScriptBatcher
 
 ECHO = """
 if ARGV[1] == 'bad' then return redis.error_reply('boom') end

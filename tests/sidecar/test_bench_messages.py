@@ -13,7 +13,7 @@ FIGURES = ("proxy_p50_ms", "proxy_p99_ms", "added_p50_ms", "added_p99_ms", "prox
 
 def test_bench_proxy_route_messages_reports_chat_alongside(tmp_path: Path) -> None:
     out = tmp_path / "messages.json"
-    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--route", "messages",
+    argv = [sys.executable, "-m", "tenure.service.cli", "bench", "proxy", "--route", "messages",
             "--concurrency", "4", "--requests", "80", "--rounds", "1", "--rate", "200",
             "--json", str(out)]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=240)

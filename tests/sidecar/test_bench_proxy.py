@@ -19,7 +19,7 @@ KEYS = {
 @pytest.mark.slow
 def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
     out, plot = tmp_path / "proxy.json", tmp_path / "latency.png"
-    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", "--concurrency", "4",
+    argv = [sys.executable, "-m", "tenure.service.cli", "bench", "proxy", "--concurrency", "4",
             "--requests", "80", "--rounds", "2", "--rate", "200", "--json", str(out),
             "--versus", "TENURE_UPSTREAM_CLIENT=aiohttp", "--plot", str(plot)]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=240)
@@ -51,7 +51,7 @@ def test_bench_proxy_writes_the_issue_json(tmp_path: Path) -> None:
     ],
 )
 def test_bench_proxy_rejects_bad_arguments(extra: list[str], message: str) -> None:
-    argv = [sys.executable, "-m", "service.cli", "bench", "proxy", *extra]
+    argv = [sys.executable, "-m", "tenure.service.cli", "bench", "proxy", *extra]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert message in run.stderr

@@ -1,6 +1,6 @@
 """Client connections are bounded (issue 10, hole 9): ``tenure serve`` as deployed.
 
-The sidecar runs as its own process (``python -m service.cli serve``) with a small
+The sidecar runs as its own process (``python -m tenure.service.cli serve``) with a small
 file-descriptor limit, so a flood of idle and half-sent connections would exhaust it as it
 would a production process. Legitimate requests must keep succeeding, and connections that
 send nothing, half a head or half a body are closed after the configured deadlines.
@@ -50,7 +50,7 @@ def served(redis_server: RedisProcess) -> Iterator[tuple[str, FakeUpstream]]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
+        [sys.executable, "-m", "tenure.service.cli", "serve", "--log-level", "warning"],
         env=env, preexec_fn=small_fd_limit, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.settings import TenantSpec
+from tenure.service.settings import TenantSpec
 from tests.conftest import wait_for
 from tests.sidecar.conftest import LOADED_HOST, LOADED_HOST_TEST_TIMEOUT_S, LOADED_HOST_WAIT_S
 
@@ -121,8 +121,8 @@ def _engine_ids(body: Any) -> set[str]:
     (``kv_transfer_params.tenure``, tenant-scoped) and the response ids a Responses request
     names (vLLM keys its response store by ``request_id`` and chains on
     ``previous_response_id``). Other stacks' dialect fields (``agent_hint``, ...) are
-    forwarded as the client wrote them, by design (``service.api.dialects``): the client's own
-    text, not an id the sidecar vouches for."""
+    forwarded as the client wrote them, by design (``tenure.service.api.dialects``): the client's
+    own text, not an id the sidecar vouches for."""
     found: set[str] = set()
     if not isinstance(body, dict):
         return found

@@ -3,7 +3,7 @@ same logical session in each dialect reaches the engine with the same Tenure hin
 resolve by the documented precedence; malformed or unknown fields are ignored and counted.
 
 Through the real sidecar on a real Redis; the engine is the recording fake, and what it
-received is read back with the adapter's own parser (``engine_adapter.tags.parse_tags``).
+received is read back with the adapter's own parser (``tenure.engine_adapter.tags.parse_tags``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine_adapter.tags import parse_tags
-from service.api.hints import dialects
-from service.api.hints.tenure import Hints
+from tenure.engine_adapter.tags import parse_tags
+from tenure.service.api.hints import dialects
+from tenure.service.api.hints.tenure import Hints
 
 MESSAGES = [{"role": "user", "content": "plan the refactor"}]
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from service.wire.push import Decision, Hello, Snapshot
+from tenure.service.wire.push import Decision, Hello, Snapshot
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
 from tests.sidecar.test_push import Peer

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
-from service.settings import SettingsError, TenantSpec, load_settings
-from service.state.scripts import INFERENCE_KEYS_PER_SESSION
+from tenure.service.settings import SettingsError, TenantSpec, load_settings
+from tenure.service.state.scripts import INFERENCE_KEYS_PER_SESSION
 from tests.conftest import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -499,8 +499,8 @@ def test_malformed_tenants_env_is_one_line_without_the_value(monkeypatch):
     env = {"TENURE_ADMIN_TOKEN": "a-long-enough-token", "TENURE_TENANTS": '{"sk-secret-1": {',
            "PATH": "/usr/bin:/bin"}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve"], env=env, capture_output=True, text=True,
-        timeout=60,
+        [sys.executable, "-m", "tenure.service.cli", "serve"], env=env, capture_output=True,
+        text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip() == "tenure: error: TENURE_TENANTS is not valid JSON"

@@ -21,11 +21,11 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from service.api.connections import redis_topology
-from service.policy.ranker import RankerArtefactError, RidgeRanker
-from service.policy.ranker_fit import fit_ridge
-from service.settings import SettingsError, load_settings
-from service.wire.push import Hello, ResidencyReport, ResyncRequest, Snapshot
+from tenure.service.api.connections import redis_topology
+from tenure.service.policy.ranker import RankerArtefactError, RidgeRanker
+from tenure.service.policy.ranker_fit import fit_ridge
+from tenure.service.settings import SettingsError, load_settings
+from tenure.service.wire.push import Hello, ResidencyReport, ResyncRequest, Snapshot
 from tests.conftest import wait_for
 from tests.policy.test_ranker import synthetic
 from tests.sidecar.fake_upstream import free_port
@@ -48,7 +48,7 @@ def _serve(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         **env,
     }
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "tenure.service.cli", "serve", "--port", str(free_port())],
         env=full, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -148,7 +148,7 @@ def test_out_of_range_residency_reports_are_counted_bad_and_dropped(
                 wait_for(lambda: _engine_moves(http, "a1") == 3)
                 assert _bad_frames(http) == len(bad)
                 metrics = http.get("/metrics").text
-        assert not [r for r in caplog.records if r.name.startswith("service.push")]
+        assert not [r for r in caplog.records if r.name.startswith("tenure.service.push")]
         assert 'tenure_adapter_resident_bytes{adapter="a1",tier="cpu"}' not in metrics
     finally:
         peer.close()
@@ -257,7 +257,7 @@ def test_the_launchers_client_honours_retry_after_on_503():
     import threading
     import urllib.error
 
-    from service.processes import http_json
+    from tenure.service.processes import http_json
 
     answers = [503, 503, 200]
 
@@ -295,7 +295,7 @@ B = {"Authorization": f"Bearer {KEY_B}"}
 
 
 def _two_tenants(sidecar_factory, **overrides: object):
-    from service.settings import TenantSpec
+    from tenure.service.settings import TenantSpec
 
     tenants = {KEY_A: TenantSpec(name="alpha"), KEY_B: TenantSpec(name="beta")}
     return sidecar_factory(tenants=tenants, **overrides)

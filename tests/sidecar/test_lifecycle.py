@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from service.settings import TenantSpec
+from tenure.service.settings import TenantSpec
 from tests.conftest import poll, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -281,7 +281,7 @@ def test_a_call_after_the_answer_sees_its_turn_recorded(sidecar_factory, monkeyp
     session after the last turn reads it finished."""
     import asyncio
 
-    from service.api.turns.book import TurnBook
+    from tenure.service.api.turns.book import TurnBook
 
     original = TurnBook._record_turn_end
 

@@ -14,8 +14,8 @@ import anthropic
 import httpx
 import pytest
 
-from service.api.shapes.messages import inspect, session_from_user_id
-from service.policy.gap import DEFAULT_PRIOR_S
+from tenure.service.api.shapes.messages import inspect, session_from_user_id
+from tenure.service.policy.gap import DEFAULT_PRIOR_S
 
 TOOL_GAP = DEFAULT_PRIOR_S["tool"]
 HUMAN_GAP = DEFAULT_PRIOR_S["human"]

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from service.state.multiplex import MultiplexedScripts
+from tenure.service.state.multiplex import MultiplexedScripts
 
 ECHO = """
 if ARGV[1] == 'bad' then return redis.error_reply('ERR boom') end

@@ -8,7 +8,7 @@ import httpx
 import pytest
 import zmq
 
-from service.wire.push import (
+from tenure.service.wire.push import (
     Decision,
     Hello,
     ResidencyReport,

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import psutil
 
-from engine_adapter.placement_push import PlacementTotals, placement_delta
-from engine_adapter.policy import TenureCachePolicy
-from engine_adapter.push_client import PushClient, engine_push_client
-from service.wire.push import Hello, PlacementReport, Snapshot
+from tenure.engine_adapter.placement_push import PlacementTotals, placement_delta
+from tenure.engine_adapter.policy import TenureCachePolicy
+from tenure.engine_adapter.push_client import PushClient, engine_push_client
+from tenure.service.wire.push import Hello, PlacementReport, Snapshot
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
 from tests.sidecar.test_push import Peer, _metric

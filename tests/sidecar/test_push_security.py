@@ -15,8 +15,8 @@ import httpx
 import pytest
 import zmq
 
-from service.settings import SettingsError, load_settings
-from service.wire.push import Decision, Hello, ResidencyReport, Snapshot, decode, encode
+from tenure.service.settings import SettingsError, load_settings
+from tenure.service.wire.push import Decision, Hello, ResidencyReport, Snapshot, decode, encode
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import free_port
 
@@ -108,8 +108,8 @@ def test_curve_admits_only_listed_adapter_keys(curve):
 
 
 def test_the_adapter_push_client_speaks_curve(curve):
-    from engine_adapter.policies import policy_class_for
-    from engine_adapter.push_client import PushClient
+    from tenure.engine_adapter.policies import policy_class_for
+    from tenure.engine_adapter.push_client import PushClient
 
     server, addr, server_public, (_engine_public, engine_secret) = curve
     policy = policy_class_for("tenure")(cache_capacity=16)
@@ -133,8 +133,8 @@ def test_the_adapter_push_client_speaks_curve(curve):
 
 def test_an_impostor_sidecar_cannot_push_to_a_curve_adapter():
     """Without the sidecar's secret key nobody can pose as it: no decision is applied."""
-    from engine_adapter.policies import policy_class_for
-    from engine_adapter.push_client import PushClient
+    from tenure.engine_adapter.policies import policy_class_for
+    from tenure.engine_adapter.push_client import PushClient
 
     real_public, _real_secret = zmq.curve_keypair()
     _other_public, other_secret = zmq.curve_keypair()

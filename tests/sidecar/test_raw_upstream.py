@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 
-from service.api.upstream.client import UpstreamError
-from service.api.upstream.raw import RawUpstream
-from service.state.connection import HiredisPackedConnection
+from tenure.service.api.upstream.client import UpstreamError
+from tenure.service.api.upstream.raw import RawUpstream
+from tenure.service.state.connection import HiredisPackedConnection
 
 _Handler = Callable[["_Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from service.replay.loaders.canonical import load_canonical
+from tenure.service.replay.loaders.canonical import load_canonical
 from tests.sidecar.conftest import ADMIN_TOKEN
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -96,7 +96,7 @@ def test_setting_switches_it_on_and_the_bound_holds(
 def test_tenure_record_cli_switches_and_exports(
     client: httpx.Client, tmp_path: Path, monkeypatch: Any, capsys: Any
 ) -> None:
-    from service.cli import main
+    from tenure.service.cli import main
 
     base = str(client.base_url).rstrip("/")
     monkeypatch.delenv("TENURE_ADMIN_TOKEN", raising=False)
@@ -141,7 +141,7 @@ def test_messages_and_responses_turns_are_recorded_and_replay(
     """Both shaped routes recorded in the canonical format with their own usage fields and
     stop reasons, their prefix structure hashed from their own message structure, and the
     export replayed by ``tenure replay ladder --format canonical``."""
-    from service.cli import main
+    from tenure.service.cli import main
 
     assert client.put("/admin/record", json={"enabled": True}, headers=ADMIN).status_code == 200
     secret = " ".join(f"secret{i}" for i in range(240))
@@ -234,8 +234,8 @@ def test_messages_and_responses_turns_are_recorded_and_replay(
 def test_responses_continuations_stay_per_tenant_and_bounded(monkeypatch: Any) -> None:
     """A chained Responses request continues only its own tenant's answer, and what a
     replica keeps for continuations is bounded (oldest answers go first)."""
-    from service.api.hints.tenure import Hints
-    from service.api.turns import recorder as rec
+    from tenure.service.api.hints.tenure import Hints
+    from tenure.service.api.turns import recorder as rec
 
     class _Client:
         def register_script(self, script: str) -> None:

@@ -1,10 +1,10 @@
 """Types that carry the same record in two places are tied here, so they cannot drift apart.
 
-The session hash has one list of field names (:class:`~service.wire.session_record.RecordField`);
-the Lua scripts, the typed reading (``SessionRecord``) and the API's view (``SessionView``) are
-checked against it. The recorder's status and its admin view, a session's segment state and
-its stored JSON, and a ``tenure-fs`` tier's placement totals and the report made of them are
-checked field for field.
+The session hash has one list of field names
+(:class:`~tenure.service.wire.session_record.RecordField`); the Lua scripts, the typed reading
+(``SessionRecord``) and the API's view (``SessionView``) are checked against it. The recorder's
+status and its admin view, a session's segment state and its stored JSON, and a ``tenure-fs`` tier's
+placement totals and the report made of them are checked field for field.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import re
 
 import msgspec
 
-from engine_adapter.placement_push import (
+from tenure.engine_adapter.placement_push import (
     PLACEMENT_COUNTERS,
     PLACEMENT_GAUGES,
     PlacementTotals,
     placement_delta,
 )
-from service.api.routes.record_admin import RecordStatusView
-from service.api.routes.session_views import SessionView
-from service.api.segments.state import SegmentState, _StateWire
-from service.api.turns.recorder import RecordStatus
-from service.state import scripts
-from service.wire.push import PlacementReport
-from service.wire.session_record import RecordField, SessionRecord
+from tenure.service.api.routes.record_admin import RecordStatusView
+from tenure.service.api.routes.session_views import SessionView
+from tenure.service.api.segments.state import SegmentState, _StateWire
+from tenure.service.api.turns.recorder import RecordStatus
+from tenure.service.state import scripts
+from tenure.service.wire.push import PlacementReport
+from tenure.service.wire.session_record import RecordField, SessionRecord
 
 #: Hash fields the typed record does not read: the scripts' own (the undo log, an inferred
 #: session's prefix keys, the end of the last turn the next turn's gap is measured from).

@@ -19,12 +19,12 @@ import httpx
 import pytest
 import redis
 
-from service.processes.redis_groups import ClusterGroup, SentinelGroup, redis_command
-from service.state.breaker import Breaker
-from service.state.keys import Keys
-from service.state.records import StoreLimits
-from service.state.store import StateStore
-from service.state.topology import RedisTopology, connect
+from tenure.service.processes.redis_groups import ClusterGroup, SentinelGroup, redis_command
+from tenure.service.state.breaker import Breaker
+from tenure.service.state.keys import Keys
+from tenure.service.state.records import StoreLimits
+from tenure.service.state.store import StateStore
+from tenure.service.state.topology import RedisTopology, connect
 from tests.conftest import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -275,7 +275,7 @@ def test_cluster_store_reads(redis_cluster: ClusterGroup):
 def test_migrate_keys_to_the_hash_tagged_layout(redis_url: str, sidecar_factory):
     """Sessions written in the plain layout are read by a hash-tagged sidecar after
     ``migrate-keys`` (inference keys listed in a record follow), and a second run is a no-op."""
-    from service.state.migrate import migrate_keys
+    from tenure.service.state.migrate import migrate_keys
 
     plain = sidecar_factory()
     first = [{"role": "user", "content": "migrate me"}]

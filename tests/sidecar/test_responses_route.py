@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from service.policy.gap import DEFAULT_PRIOR_S
+from tenure.service.policy.gap import DEFAULT_PRIOR_S
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.policy.retention import PriceVector, host_ttl_seconds
-from service.settings import TenantSpec
+from tenure.service.policy.retention import PriceVector, host_ttl_seconds
+from tenure.service.settings import TenantSpec
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 ALPHA = {"Authorization": "Bearer key-a"}

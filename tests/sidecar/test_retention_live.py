@@ -14,13 +14,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.api.retention.controller import RetentionControl
-from service.api.retention.types import RetentionKnobs
-from service.metrics import Metrics
-from service.policy.retention import PriceVector, alpha2, host_ttl_seconds
-from service.settings import TenantSpec
-from service.state.config import RuntimeConfig
-from service.wire.push import ResidencyReport, ResumeOutcome
+from tenure.service.api.retention.controller import RetentionControl
+from tenure.service.api.retention.types import RetentionKnobs
+from tenure.service.metrics import Metrics
+from tenure.service.policy.retention import PriceVector, alpha2, host_ttl_seconds
+from tenure.service.settings import TenantSpec
+from tenure.service.state.config import RuntimeConfig
+from tenure.service.wire.push import ResidencyReport, ResumeOutcome
 from tests.conftest import poll
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -297,7 +297,7 @@ def test_reported_resume_outcomes_are_counted_per_branch_and_priced():
 
 
 def test_a_branch_change_is_pushed_and_reported_resumes_are_counted(sidecar_factory):
-    from service.wire.push import Hello, Snapshot
+    from tenure.service.wire.push import Hello, Snapshot
     from tests.sidecar.fake_upstream import free_port
     from tests.sidecar.test_push import Peer
 
@@ -343,7 +343,7 @@ def test_a_branch_change_is_pushed_and_reported_resumes_are_counted(sidecar_fact
 def test_a_calibration_against_no_engine_is_one_line_and_changes_nothing(
     sidecar: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from service.cli import main
+    from tenure.service.cli import main
     from tests.sidecar.fake_upstream import free_port
 
     with httpx.Client(base_url=sidecar.url, timeout=10) as http:

@@ -19,18 +19,18 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from service.api.retention.controller import RetentionControl
-from service.api.retention.types import RetentionKnobs
-from service.metrics import Metrics
-from service.policy.retention import PriceVector, alpha2, host_ttl_seconds
-from service.settings import TenantSpec
-from service.state.breaker import Breaker
-from service.state.config import RuntimeConfig
-from service.state.keys import Keys
-from service.state.records import StoreLimits
-from service.state.retention_store import RetentionStore
-from service.state.store import StateStore
-from service.wire.push import Decision, Hello, Snapshot
+from tenure.service.api.retention.controller import RetentionControl
+from tenure.service.api.retention.types import RetentionKnobs
+from tenure.service.metrics import Metrics
+from tenure.service.policy.retention import PriceVector, alpha2, host_ttl_seconds
+from tenure.service.settings import TenantSpec
+from tenure.service.state.breaker import Breaker
+from tenure.service.state.config import RuntimeConfig
+from tenure.service.state.keys import Keys
+from tenure.service.state.records import StoreLimits
+from tenure.service.state.retention_store import RetentionStore
+from tenure.service.state.store import StateStore
+from tenure.service.wire.push import Decision, Hello, Snapshot
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 ALPHA = {"Authorization": "Bearer key-a"}
@@ -184,7 +184,7 @@ async def test_a_refresh_in_flight_never_puts_back_the_config_an_admin_replaced(
     """Issue 23: a refresh read the config document just before ``PATCH /admin/config``
     wrote it, resumed after the PATCH had set the new config, and put the old one back until
     the next refresh (a decision made in between priced with the old host slots)."""
-    from service.api.turns.runtime import Runtime
+    from tenure.service.api.turns.runtime import Runtime
 
     a = replicas("a")
     runtime = Runtime(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from service.wire.engine_session import engine_session_id
+from tenure.service.wire.engine_session import engine_session_id
 
 CHAT = "/v1/chat/completions"
 
@@ -51,7 +51,7 @@ def test_single_engine_default_sets_vllms_own_session_field(upstream, sidecar):
 def test_bad_header_names_are_refused():
     import pytest
 
-    from service.settings import SettingsError, load_settings
+    from tenure.service.settings import SettingsError, load_settings
 
     with pytest.raises(SettingsError, match="upstream_session_headers"):
         load_settings(dev_mode=True, upstream_session_headers="X-Session-ID,bad name")

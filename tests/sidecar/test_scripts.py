@@ -9,12 +9,12 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from service.state.breaker import Breaker
-from service.state.keys import Keys
-from service.state.records import SessionUpdate, StoreLimits
-from service.state.store import StateStore
-from service.wire.decision_codec import decision_parts, decode_decision
-from service.wire.push import Decision
+from tenure.service.state.breaker import Breaker
+from tenure.service.state.keys import Keys
+from tenure.service.state.records import SessionUpdate, StoreLimits
+from tenure.service.state.store import StateStore
+from tenure.service.wire.decision_codec import decision_parts, decode_decision
+from tenure.service.wire.push import Decision
 
 
 @pytest.fixture

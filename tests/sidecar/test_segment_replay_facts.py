@@ -8,9 +8,9 @@ answers with the call's recorded usage (``in`` / ``out``) and, for a call that r
 at its ``t``, its answer ends when the next call's recorded ``think_time`` says it did (the
 trace rounds ``t`` and ``think_time`` to the second, so ``t + api_time`` would be off by up to
 a second); each sub-agent is spawned through the API at ``t - duration_ms`` and returns at its
-``t`` (see :func:`service.replay.loaders.claude_code_meta._spawned_at`). A recording ranker
-captures each :class:`~service.policy.ranker.SpawnRecord`, compared field by field with
-:func:`~service.replay.loaders.claude_code_meta.load_claude_code_meta`'s.
+``t`` (see :func:`tenure.service.replay.loaders.claude_code_meta._spawned_at`). A recording ranker
+captures each :class:`~tenure.service.policy.ranker.SpawnRecord`, compared field by field with
+:func:`~tenure.service.replay.loaders.claude_code_meta.load_claude_code_meta`'s.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import pytest
 from pydantic import SecretStr
 from starlette.types import Receive, Scope, Send
 
-import service.app
-from service.app import create_app
-from service.policy.spawn_context import ParentCall, WorkerHistory, parent_features
-from service.replay.loaders.claude_code_meta import TraceMeta, load_claude_code_meta
-from service.replay.paths import claude_code_trace
-from service.settings import Settings
+import tenure.service.app
+from tenure.service.app import create_app
+from tenure.service.policy.spawn_context import ParentCall, WorkerHistory, parent_features
+from tenure.service.replay.loaders.claude_code_meta import TraceMeta, load_claude_code_meta
+from tenure.service.replay.paths import claude_code_trace
+from tenure.service.settings import Settings
 from tests.sidecar.conftest import ADMIN_TOKEN
 from tests.sidecar.fake_upstream import ServerThread
 from tests.sidecar.test_segment_spawn_facts import Clock, RecordingRanker
@@ -100,7 +100,7 @@ def _new_input(types: list[str]) -> list[dict[str, Any]]:
 @pytest.fixture
 def replayed(redis_url: str, monkeypatch) -> Iterator[tuple[Any, ...]]:
     ranker = RecordingRanker()
-    monkeypatch.setattr(service.app, "load_ranker", lambda _path: ranker)
+    monkeypatch.setattr(tenure.service.app, "load_ranker", lambda _path: ranker)
     clock = Clock(BASE)
     up = ServerThread(TraceUpstream(clock)).start()
     settings = Settings(

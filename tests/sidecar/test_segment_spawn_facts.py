@@ -2,7 +2,7 @@
 
 A real sidecar (its own clock, stepped by the test) in front of the fake vLLM, real Redis.
 The ranker is a recording one (it implements ``WorkerRanker``), so each spawn's
-:class:`~service.policy.ranker.SpawnRecord` is seen exactly as the model would see it.
+:class:`~tenure.service.policy.ranker.SpawnRecord` is seen exactly as the model would see it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import httpx
 import pytest
 import redis
 
-import service.app
-from service.app import create_app
-from service.policy.ranker import SpawnRecord
-from service.settings import Settings, TenantSpec
+import tenure.service.app
+from tenure.service.app import create_app
+from tenure.service.policy.ranker import SpawnRecord
+from tenure.service.settings import Settings, TenantSpec
 from tests.conftest import wait_for
 from tests.sidecar.conftest import ADMIN_TOKEN
 from tests.sidecar.fake_upstream import ServerThread, prompt_tokens
@@ -30,7 +30,7 @@ PREFIX = "tenure"
 
 
 class RecordingRanker:
-    """A :class:`~service.policy.ranker.WorkerRanker` that keeps what it was asked."""
+    """A :class:`~tenure.service.policy.ranker.WorkerRanker` that keeps what it was asked."""
 
     name = "recording"
 
@@ -54,7 +54,7 @@ class Clock:
 def live(redis_url: str, upstream, monkeypatch) -> Iterator[tuple[Any, ...]]:
     """(http client, recording ranker, clock, settings overrides hook) for one sidecar."""
     ranker = RecordingRanker()
-    monkeypatch.setattr(service.app, "load_ranker", lambda _path: ranker)
+    monkeypatch.setattr(tenure.service.app, "load_ranker", lambda _path: ranker)
     clock = Clock(1000.0)
     _fake, up = upstream
     started: list[ServerThread] = []

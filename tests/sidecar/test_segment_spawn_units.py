@@ -7,12 +7,22 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from service.api.segments.facts import ResponseFacts
-from service.api.segments.spawns import SpawnFacts, load_ranker, predict
-from service.api.segments.state import SegmentState
-from service.policy.ranker import EXTENDED_FEATURES, NUMERIC_FEATURES, RidgeRanker, SpawnRecord
-from service.policy.ranker_fit import LabeledSpawn, fit_ridge
-from service.policy.spawn_context import ParentCall, WorkerHistory, lifetime_log, parent_features
+from tenure.service.api.segments.facts import ResponseFacts
+from tenure.service.api.segments.spawns import SpawnFacts, load_ranker, predict
+from tenure.service.api.segments.state import SegmentState
+from tenure.service.policy.ranker import (
+    EXTENDED_FEATURES,
+    NUMERIC_FEATURES,
+    RidgeRanker,
+    SpawnRecord,
+)
+from tenure.service.policy.ranker_fit import LabeledSpawn, fit_ridge
+from tenure.service.policy.spawn_context import (
+    ParentCall,
+    WorkerHistory,
+    lifetime_log,
+    parent_features,
+)
 from tests.policy.test_ranker import synthetic
 
 

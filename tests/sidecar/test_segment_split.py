@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from service.api.segments.facts import (
+from tenure.service.api.segments.facts import (
     ResponseFacts,
     StreamFacts,
     carried_reasoning,
     reasoning_digest,
     response_facts,
 )
-from service.api.segments.split import split_turn
-from service.api.segments.state import MAX_SPANS, SegmentState, Span, StateDecodeError
-from service.policy.segments import SegmentClass, SessionRole
-from service.wire.segments import parse_segment_tags
+from tenure.service.api.segments.split import split_turn
+from tenure.service.api.segments.state import MAX_SPANS, SegmentState, Span, StateDecodeError
+from tenure.service.policy.segments import SegmentClass, SessionRole
+from tenure.service.wire.segments import parse_segment_tags
 
 R = SegmentClass.REASONING
 

@@ -17,8 +17,8 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from service.app import create_app
-from service.settings import Settings, SettingsError, TenantSpec
+from tenure.service.app import create_app
+from tenure.service.settings import Settings, SettingsError, TenantSpec
 from tests.conftest import wait_for
 from tests.sidecar.fake_upstream import prompt_tokens, reasoning_answer
 
@@ -304,8 +304,8 @@ def test_fake_reasoning_answer_counts_what_it_says() -> None:
 
 
 def test_a_trained_ranker_from_the_setting_predicts_at_spawn(sidecar_factory, tmp_path: Path):
-    from service.policy.ranker import RidgeRanker, SpawnRecord
-    from service.policy.ranker_fit import fit_ridge
+    from tenure.service.policy.ranker import RidgeRanker, SpawnRecord
+    from tenure.service.policy.ranker_fit import fit_ridge
     from tests.policy.test_ranker import synthetic
 
     path = tmp_path / "ranker.json"

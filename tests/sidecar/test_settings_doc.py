@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from service.settings import Settings, TenantSpec
+from tenure.service.settings import Settings, TenantSpec
 
 
 def _undocumented(model: type[BaseModel]) -> list[str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.soak.ledger import Ledger, TurnRecord
-from benchmarks.soak.report import _slope_per_hour, flatness, rerender, summarize
+from tenure.benchmarks.soak.ledger import Ledger, TurnRecord
+from tenure.benchmarks.soak.report import _slope_per_hour, flatness, rerender, summarize
 
 
 def test_lost_writes_are_split_by_the_failover_window():
@@ -121,3 +121,18 @@ def test_a_finished_session_past_its_ttl_has_expired_not_lost():
     checks = ledger.check(records, [], 1.0, read_at=3600.0, finished_ttl_s=600.0)
     assert checks["acknowledged_writes_expired"] == 1
     assert checks["acknowledged_writes_lost"] == 2  # a recent end and a suspension: lost
+
+
+def test_a_session_that_expires_while_the_read_back_runs_has_expired_not_lost():
+    """The hour's soak counted 2 ends as lost: they expired between the start of the read-back
+    and their own read, tens of seconds later. Each record's own read time counts."""
+    ledger = Ledger()
+    ledger.ack("ended-at-3000", 3000.0, "finished", 5)
+    records: dict[str, dict[str, object] | None] = {"ended-at-3000": None}
+    at_start = ledger.check(records, [], 1.0, read_at=3590.0, finished_ttl_s=600.0)
+    assert at_start["acknowledged_writes_lost"] == 1
+    per_session = ledger.check(
+        records, [], 1.0, read_at={"ended-at-3000": 3615.0}, finished_ttl_s=600.0
+    )
+    assert per_session["acknowledged_writes_expired"] == 1
+    assert per_session["acknowledged_writes_lost"] == 0

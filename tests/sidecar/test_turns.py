@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.api.turns.forecasts import TurnForecasts
+from tenure.service.api.turns.forecasts import TurnForecasts
 
 
 def test_first_turn_waits_for_redis_then_turns_are_forecast() -> None:

@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 import redis.exceptions
 
-from service.api.hints.inference import LOOKBACK, prefix_digests
-from service.api.hints.tenure import MAX_GAP_S, HintError, Hints, parse_hints
-from service.api.tenants import TenantResolver
-from service.api.upstream.relay import (
+from tenure.service.api.hints.inference import LOOKBACK, prefix_digests
+from tenure.service.api.hints.tenure import MAX_GAP_S, HintError, Hints, parse_hints
+from tenure.service.api.tenants import TenantResolver
+from tenure.service.api.upstream.relay import (
     _WATCH_AFTER_S,
     ClientGone,
     ProxiedResponse,
     send_or_disconnect,
 )
-from service.settings import TenantSpec
-from service.state.breaker import Breaker, StateUnavailable
+from tenure.service.settings import TenantSpec
+from tenure.service.state.breaker import Breaker, StateUnavailable
 
 
 def test_header_and_body_hints_merge():

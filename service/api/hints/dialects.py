@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from service.api.hints.tenure import MAX_GAP_S, Hints
+from tenure.service.api.hints.tenure import MAX_GAP_S, Hints
 
 __all__ = [
     "DIALECT_BODY_KEYS",

@@ -1,4 +1,4 @@
-"""The sidecar's use of the harness profiles (:mod:`service.harness.profiles`).
+"""The sidecar's use of the harness profiles (:mod:`tenure.service.harness.profiles`).
 
 Three rules, each from what a harness's own traffic says:
 
@@ -8,12 +8,12 @@ Three rules, each from what a harness's own traffic says:
   request is the spawn (the worker class, the ranker's record);
 * **a one-shot run's final answer is its likely end** (``claude -p``, ``codex exec``), and a
   sub-agent's answer to its lead is its end: the decision is an inferred end
-  (:func:`~service.policy.lifecycle.on_likely_end`): its KV goes first among the resident, but
-  is not reclaimed, so ``--continue`` still hits what is left. Interactive entry points keep
+  (:func:`~tenure.service.policy.lifecycle.on_likely_end`): its KV goes first among the resident,
+  but is not reclaimed, so ``--continue`` still hits what is left. Interactive entry points keep
   the human-gap prediction. Per tenant: ``TenantSpec.infer_run_end``;
 * **a lead waiting for its foreground sub-agent** is not waiting for a human: when the
   child's first turn is counted, the lead's gap becomes the child's predicted lifetime
-  (:func:`~service.policy.lifecycle.on_awaiting_child`), and when the child answers, the lead
+  (:func:`~tenure.service.policy.lifecycle.on_awaiting_child`), and when the child answers, the lead
   is due at once.
 
 Fields that are malformed or come from a version outside a profile's trusted range change
@@ -26,12 +26,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from service.api.hints.tenure import Hints
-from service.harness.profiles import HarnessReading, read
-from service.metrics import Metrics
-from service.policy import lifecycle
-from service.policy.gap import stop_class
-from service.policy.lifecycle import LifecycleDecision
+from tenure.service.api.hints.tenure import Hints
+from tenure.service.harness.profiles import HarnessReading, read
+from tenure.service.metrics import Metrics
+from tenure.service.policy import lifecycle
+from tenure.service.policy.gap import stop_class
+from tenure.service.policy.lifecycle import LifecycleDecision
 
 __all__ = ["HarnessRules", "likely_end"]
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import msgspec
 
-from service.api.hints import dialects
-from service.api.turns.book import Turn
-from service.api.upstream.client import UpstreamResponse
-from service.harness.profiles import HARNESS_HEADERS
-from service.wire.engine_session import engine_session_id
+from tenure.service.api.hints import dialects
+from tenure.service.api.turns.book import Turn
+from tenure.service.api.upstream.client import UpstreamResponse
+from tenure.service.harness.profiles import HARNESS_HEADERS
+from tenure.service.wire.engine_session import engine_session_id
 
 __all__ = [
     "NOT_JSON",
@@ -155,7 +155,7 @@ def with_session_headers(
     headers: list[tuple[bytes, bytes]], names: tuple[bytes, ...], turn: Turn | None
 ) -> list[tuple[bytes, bytes]]:
     """``headers`` without the client's session headers, plus the tracked session's engine id
-    (:func:`~service.wire.engine_session.engine_session_id`: vLLM's own session field)."""
+    (:func:`~tenure.service.wire.engine_session.engine_session_id`: vLLM's own session field)."""
     out = [(name, value) for name, value in headers if name.lower() not in names]
     if turn is not None:
         value = engine_session_id(turn.tenant, turn.session).encode()

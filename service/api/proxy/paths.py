@@ -22,8 +22,8 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Scope
 
-from service.api.errors import api_error, openai_error
-from service.api.shapes.messages import anthropic_error
+from tenure.service.api.errors import api_error, openai_error
+from tenure.service.api.shapes.messages import anthropic_error
 
 __all__ = ["ENGINE_ADMIN_PATHS", "PathRefused", "check_passthrough_path"]
 

@@ -1,17 +1,17 @@
 """The one tracked request path: every tracked API runs through :meth:`Proxy.tracked`.
 
 ``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages`` and ``/v1/responses`` are the
-same pipeline; what differs per API is its shape (:mod:`service.api.shapes`: session keys,
+same pipeline; what differs per API is its shape (:mod:`tenure.service.api.shapes`: session keys,
 stop reason, usage, errors, stream events). Per request, in this order:
 
 1. **tenant**: the caller's key, from ``Authorization`` or ``x-api-key`` alike
-   (:func:`~service.api.proxy.bodies.bearer`); unknown -> 401 in the route's format;
+   (:func:`~tenure.service.api.proxy.bodies.bearer`); unknown -> 401 in the route's format;
 2. **body**: read bounded (``TENURE_MAX_BODY_BYTES``) and decoded; not a JSON object -> 400;
 3. **hints**: Tenure's own (``X-Tenure-*``, the body's ``tenure``), the route's own keys
    (``shape.prepare``), a response chain followed within the tenant only, and the dialects;
 4. **segments** (``TENURE_SEGMENTS``, routes whose shape tracks them): admitted before the
    turn is counted, so a refusal stores nothing;
-5. **turn start**: the turn's one Redis call (:class:`~service.api.turns.book.TurnBook`),
+5. **turn start**: the turn's one Redis call (:class:`~tenure.service.api.turns.book.TurnBook`),
    early-forwarded for a session this replica has seen; the recording's request side;
 6. **forward**: ``kv_transfer_params.tenure`` written, the request sent upstream on **its own
    path and query string**, the answer relayed byte for byte (streamed or whole);
@@ -21,8 +21,8 @@ stop reason, usage, errors, stream events). Per request, in this order:
    gone) takes the turn back, and so does a stream the upstream cut after its status (the
    harness retries it at once: the retry is the same turn); a cut stream never finishes its
    session and is ended with **the route's own error event**. The harness's own fields
-   (:mod:`service.api.hints.harness`) name sub-agents as child sessions and infer the end of a
-   one-shot run at its final answer.
+   (:mod:`tenure.service.api.hints.harness`) name sub-agents as child sessions and infer the end of
+   a one-shot run at its final answer.
 
 **Degraded mode (Redis down), the same on every route.** A turn that needs Redis only to be
 counted goes upstream uncounted (fail open: ``kv_transfer_params.tenure.degraded`` is true,
@@ -49,11 +49,11 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from service.api.errors import openai_error, unavailable
-from service.api.hints import dialects
-from service.api.hints.harness import HarnessRules
-from service.api.hints.tenure import HintError, Hints, parse_hints
-from service.api.proxy.bodies import (
+from tenure.service.api.errors import openai_error, unavailable
+from tenure.service.api.hints import dialects
+from tenure.service.api.hints.harness import HarnessRules
+from tenure.service.api.hints.tenure import HintError, Hints, parse_hints
+from tenure.service.api.proxy.bodies import (
     NOT_JSON,
     BadBody,
     TooLarge,
@@ -65,24 +65,24 @@ from service.api.proxy.bodies import (
     wanted_headers,
     with_session_headers,
 )
-from service.api.proxy.paths import PathRefused, check_passthrough_path
-from service.api.segments.facts import StreamFacts, response_facts
-from service.api.segments.tracker import PendingTurn as SegmentTurn
-from service.api.segments.tracker import SegmentRefused, SegmentTracker
-from service.api.shapes.base import RouteInputError, RouteShape
-from service.api.shapes.chat import ChatShape
-from service.api.shapes.completions import CompletionsShape
-from service.api.shapes.messages import MessagesShape
-from service.api.shapes.responses import (
+from tenure.service.api.proxy.paths import PathRefused, check_passthrough_path
+from tenure.service.api.segments.facts import StreamFacts, response_facts
+from tenure.service.api.segments.tracker import PendingTurn as SegmentTurn
+from tenure.service.api.segments.tracker import SegmentRefused, SegmentTracker
+from tenure.service.api.shapes.base import RouteInputError, RouteShape
+from tenure.service.api.shapes.chat import ChatShape
+from tenure.service.api.shapes.completions import CompletionsShape
+from tenure.service.api.shapes.messages import MessagesShape
+from tenure.service.api.shapes.responses import (
     ResponsesShape,
     names_stored_responses,
     stored_response_id,
 )
-from service.api.tenants import TenantResolver
-from service.api.turns.book import CUT, FAILED, OK, Turn, TurnBook
-from service.api.turns.recorder import Recorder
-from service.api.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
-from service.api.upstream.relay import (
+from tenure.service.api.tenants import TenantResolver
+from tenure.service.api.turns.book import CUT, FAILED, OK, Turn, TurnBook
+from tenure.service.api.turns.recorder import Recorder
+from tenure.service.api.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
+from tenure.service.api.upstream.relay import (
     STREAM_DONE,
     STREAM_UPSTREAM_CUT,
     ClientGone,
@@ -93,13 +93,13 @@ from service.api.upstream.relay import (
     send_or_disconnect,
     upstream_failure,
 )
-from service.metrics import Metrics
-from service.settings import Settings, TenantSpec
-from service.state import aliases
-from service.state.breaker import StateUnavailable
-from service.state.keys import scoped_session_id
-from service.state.store import StateStore
-from service.wire.engine_session import ENGINE_SESSION_HEADER, engine_session_id
+from tenure.service.metrics import Metrics
+from tenure.service.settings import Settings, TenantSpec
+from tenure.service.state import aliases
+from tenure.service.state.breaker import StateUnavailable
+from tenure.service.state.keys import scoped_session_id
+from tenure.service.state.store import StateStore
+from tenure.service.wire.engine_session import ENGINE_SESSION_HEADER, engine_session_id
 
 __all__ = ["TRACKED", "Handler", "Proxy"]
 

@@ -1,10 +1,11 @@
 """The online host-retention controller, run by the sidecar (one per tenant).
 
 For each configured tenant (seed 002, section 3.4; the decision core is
-:class:`~service.policy.retention_control.OnlineController`, called here, never re-implemented):
+:class:`~tenure.service.policy.retention_control.OnlineController`, called here, never
+re-implemented):
 
 * every replica appends the tenant's suspensions and resumes (suspend -> resume waits) to
-  bounded per-tenant lists in Redis (:mod:`service.state.retention_store`);
+  bounded per-tenant lists in Redis (:mod:`tenure.service.state.retention_store`);
 * the replica holding the controller lease (single writer: a Redis key set with ``NX`` and an
   expiry, renewed by compare-and-set each refresh; a replica that dies loses it after
   ``retention_lease_s``) rebuilds the controller from those lists on every refresh, prices
@@ -18,7 +19,7 @@ For each configured tenant (seed 002, section 3.4; the decision core is
   re-choice is logged (a change at INFO), counted (``tenure_retention_decisions``) and kept
   with its reason (``GET /admin/retention``); a change is pushed to the adapters at once (a
   fresh snapshot);
-* the holder keeps each tenant's rent clock (:class:`~service.policy.rent.RentClock`: the
+* the holder keeps each tenant's rent clock (:class:`~tenure.service.policy.rent.RentClock`: the
   congestion rent ``alpha2(lambda)`` one host slot has accrued) in the tenant's view doc,
   loads it from there on every refresh and only moves it forward, re-priced at the lambda in
   use. A ttl-branch suspension gets the limit ``R(now) + beta3 - beta2`` and the adapters
@@ -49,27 +50,27 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Literal
 
-from service.api.retention.types import INITIAL_BRANCH, RetentionKnobs, TenantRetention
-from service.metrics import Metrics
-from service.metrics_retention import BRANCHES, OUTCOMES, RetentionMetrics, bounded
-from service.policy.lifecycle import RetentionSettings
-from service.policy.rate import rate_lower_bound
-from service.policy.rent import RentClock
-from service.policy.retention import alpha2, hold_cost
-from service.policy.retention_control import (
+from tenure.service.api.retention.types import INITIAL_BRANCH, RetentionKnobs, TenantRetention
+from tenure.service.metrics import Metrics
+from tenure.service.metrics_retention import BRANCHES, OUTCOMES, RetentionMetrics, bounded
+from tenure.service.policy.lifecycle import RetentionSettings
+from tenure.service.policy.rate import rate_lower_bound
+from tenure.service.policy.rent import RentClock
+from tenure.service.policy.retention import alpha2, hold_cost
+from tenure.service.policy.retention_control import (
     OnlineController,
     OnlineSettings,
     RetentionDecision,
     rechoose_branch,
 )
-from service.policy.retention_costs import Branch, RetentionModel
-from service.policy.retention_rule import timer_for_scale
-from service.settings import Settings
-from service.state.breaker import StateUnavailable
-from service.state.config import RuntimeConfig
-from service.state.retention_store import RetentionStore
-from service.state.store import StateStore
-from service.wire.push import ResumeOutcome, RetentionState
+from tenure.service.policy.retention_costs import Branch, RetentionModel
+from tenure.service.policy.retention_rule import timer_for_scale
+from tenure.service.settings import Settings
+from tenure.service.state.breaker import StateUnavailable
+from tenure.service.state.config import RuntimeConfig
+from tenure.service.state.retention_store import RetentionStore
+from tenure.service.state.store import StateStore
+from tenure.service.wire.push import ResumeOutcome, RetentionState
 
 __all__ = ["PUSH_RATE_CHANGE", "RetentionControl", "build_retention"]
 

@@ -1,5 +1,5 @@
 """The sidecar's retention controller's settings and one tenant's view of it (see
-:mod:`service.api.retention.controller`)."""
+:mod:`tenure.service.api.retention.controller`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.metrics_retention import BRANCHES
-from service.policy.rent import RentClock
-from service.policy.retention_costs import Branch
+from tenure.service.metrics_retention import BRANCHES
+from tenure.service.policy.rent import RentClock
+from tenure.service.policy.retention_costs import Branch
 
 __all__ = ["INITIAL_BRANCH", "RetentionKnobs", "TenantRetention"]
 
@@ -46,14 +46,14 @@ class TenantRetention:
     switches: int = 0
     reason: str = "no decision yet"
     updated_at: float | None = None
-    #: The tenant's rent clock (:class:`~service.policy.rent.RentClock`): accrued GPU-s at
+    #: The tenant's rent clock (:class:`~tenure.service.policy.rent.RentClock`): accrued GPU-s at
     #: ``rent_at`` (Unix s) and the rate charged since. Persistent and monotone: the holder
     #: loads it from this doc and only moves it forward.
     rent_accrued: float = 0.0
     rent_at: float | None = None
     rent_rate: float = 0.0
     #: The retention rule's rent-budget scale (multiple of ``t2``) on the ttl branch; its
-    #: last choice (:meth:`~service.policy.retention_rule.TimerChoice.to_dict` with the
+    #: last choice (:meth:`~tenure.service.policy.retention_rule.TimerChoice.to_dict` with the
     #: sample it was chosen on), ``None`` before the first scored decision.
     scale: float | None = 1.0
     choice: dict[str, Any] | None = None

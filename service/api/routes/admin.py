@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from service.api.routes.deps import Services, error_responses, get_services, require_admin
-from service.state.config import ConfigPatch, RuntimeConfig
+from tenure.service.api.routes.deps import Services, error_responses, get_services, require_admin
+from tenure.service.state.config import ConfigPatch, RuntimeConfig
 
 __all__ = ["router"]
 

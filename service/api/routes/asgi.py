@@ -13,8 +13,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api.errors import openai_error
-from service.api.routes.deps import ApiError
+from tenure.service.api.errors import openai_error
+from tenure.service.api.routes.deps import ApiError
 
 __all__ = ["SidecarApp"]
 

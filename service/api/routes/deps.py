@@ -14,16 +14,16 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api.errors import ErrorResponse
-from service.api.segments.tracker import SegmentTracker
-from service.api.tenants import TenantResolver, bearer_token
-from service.api.turns.book import TurnBook
-from service.api.turns.recorder import Recorder
-from service.api.turns.runtime import Runtime
-from service.metrics import Metrics
-from service.push.server import PushServer
-from service.settings import Settings, TenantSpec
-from service.state.store import StateStore
+from tenure.service.api.errors import ErrorResponse
+from tenure.service.api.segments.tracker import SegmentTracker
+from tenure.service.api.tenants import TenantResolver, bearer_token
+from tenure.service.api.turns.book import TurnBook
+from tenure.service.api.turns.recorder import Recorder
+from tenure.service.api.turns.runtime import Runtime
+from tenure.service.metrics import Metrics
+from tenure.service.push.server import PushServer
+from tenure.service.settings import Settings, TenantSpec
+from tenure.service.state.store import StateStore
 
 __all__ = [
     "ApiError",

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from service.api.hints.tenure import MAX_GAP_S
+from tenure.service.api.hints.tenure import MAX_GAP_S
 
 __all__ = ["add_proxy_routes", "proxy_paths"]
 
@@ -263,7 +263,7 @@ def _tracked_route(summary: str, body: dict[str, Any], error_ref: str) -> dict[s
 
 def _stored_responses() -> dict[str, Any]:
     """The stored-response routes: forwarded only for the tenant whose request produced the
-    response, and only in their canonical form (:mod:`service.api.shapes.responses`)."""
+    response, and only in their canonical form (:mod:`tenure.service.api.shapes.responses`)."""
     responses = {
         "200": {
             "description": "the engine's answer, relayed",

@@ -16,9 +16,15 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 from redis.exceptions import RedisError
 
-from service.api.routes.deps import ApiError, Services, error_responses, get_services, require_admin
-from service.api.turns.recorder import Recorder
-from service.record.canonical import to_canonical
+from tenure.service.api.routes.deps import (
+    ApiError,
+    Services,
+    error_responses,
+    get_services,
+    require_admin,
+)
+from tenure.service.api.turns.recorder import Recorder
+from tenure.service.record.canonical import to_canonical
 
 __all__ = ["router"]
 

@@ -20,9 +20,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel
 
-from service.api.retention.controller import RetentionControl
-from service.api.routes.deps import ApiError, Services, error_responses, get_services, require_admin
-from service.api.turns.runtime import CALIBRATION_SAMPLES
+from tenure.service.api.retention.controller import RetentionControl
+from tenure.service.api.routes.deps import (
+    ApiError,
+    Services,
+    error_responses,
+    get_services,
+    require_admin,
+)
+from tenure.service.api.turns.runtime import CALIBRATION_SAMPLES
 
 __all__ = ["router"]
 

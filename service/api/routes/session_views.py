@@ -1,4 +1,4 @@
-"""The lifecycle routes' request and response bodies (:mod:`service.api.routes.sessions`):
+"""The lifecycle routes' request and response bodies (:mod:`tenure.service.api.routes.sessions`):
 suspend and spawn requests with their bounds, the session view a stored record is read into.
 """
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.policy import lifecycle
-from service.wire.session_record import SessionRecord
+from tenure.service.policy import lifecycle
+from tenure.service.wire.session_record import SessionRecord
 
 __all__ = [
     "ID_PATTERN",

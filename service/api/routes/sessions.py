@@ -15,8 +15,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query
 
-from service.api.routes.deps import ApiError, Services, error_responses, get_services, tenant_of
-from service.api.routes.session_views import (
+from tenure.service.api.routes.deps import (
+    ApiError,
+    Services,
+    error_responses,
+    get_services,
+    tenant_of,
+)
+from tenure.service.api.routes.session_views import (
     ID_PATTERN,
     SessionList,
     SessionView,
@@ -24,14 +30,14 @@ from service.api.routes.session_views import (
     WorkerSpawn,
     view,
 )
-from service.api.segments.spawns import SpawnFacts
-from service.api.segments.tracker import SegmentRefused
-from service.api.turns import decisions
-from service.api.upstream.relay import forward_headers
-from service.policy import lifecycle
-from service.settings import TenantSpec
-from service.state.records import SessionExists, SessionNotFound, SessionUpdate
-from service.wire.session_record import RecordField, SessionRecord
+from tenure.service.api.segments.spawns import SpawnFacts
+from tenure.service.api.segments.tracker import SegmentRefused
+from tenure.service.api.turns import decisions
+from tenure.service.api.upstream.relay import forward_headers
+from tenure.service.policy import lifecycle
+from tenure.service.settings import TenantSpec
+from tenure.service.state.records import SessionExists, SessionNotFound, SessionUpdate
+from tenure.service.wire.session_record import RecordField, SessionRecord
 
 __all__ = ["router"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from service.api.upstream.client import UpstreamClient, UpstreamError
+from tenure.service.api.upstream.client import UpstreamClient, UpstreamError
 
 __all__ = ["count_prompt", "notify_return"]
 

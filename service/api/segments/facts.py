@@ -1,7 +1,7 @@
 """What a chat completion response tells about its tokens: usage counts and the reasoning it
 carried (``message.reasoning`` / ``reasoning_content`` or inline ``<think>...</think>``), from a
 whole body or chunk by chunk from an SSE stream. Pure: no I/O. The segment split
-(:mod:`service.api.segments.split`) reads these facts to place the next request's boundaries.
+(:mod:`tenure.service.api.segments.split`) reads these facts to place the next request's boundaries.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The worker ranker at spawn: which predictor the sidecar uses, and what it is given.
 
 ``TENURE_WORKER_RANKER`` names a ranker artefact written by ``tenure train-ranker``
-(:class:`~service.policy.ranker.RidgeRanker`); it is loaded once when the app is built, and a
+(:class:`~tenure.service.policy.ranker.RidgeRanker`); it is loaded once when the app is built, and a
 file that does not load stops start-up with one line naming it. Without one the documented
-heuristic (:class:`~service.policy.ranker.HeuristicRanker`: the median lifetime of the
+heuristic (:class:`~tenure.service.policy.ranker.HeuristicRanker`: the median lifetime of the
 sub-agent's type on the Claude Code trace) is used.
 
 The prediction is made when a worker is spawned (``POST /v1/sessions/{parent}/workers``, or a
 first request naming its parent): the spawn's own fields (``subagent_type``, ``model``,
 ``expected_tokens``, ``background``) plus what the sidecar knows of the parent, derived as the
-replay derives it from a trace (:func:`service.policy.spawn_context.parent_features`): its
+replay derives it from a trace (:func:`tenure.service.policy.spawn_context.parent_features`): its
 latest call (index, context after it, output size, reasoning, human turn, the gap before it),
 the time since it started, the siblings spawned since that call, and its earlier workers
 (count, returned, their geometric mean lifetime). A base artefact ignores the extended ones.
@@ -20,9 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.policy.ranker import HeuristicRanker, RankerArtefactError, RidgeRanker, WorkerRanker
-from service.policy.ranker import SpawnRecord as SpawnRecord
-from service.settings import SettingsError
+from tenure.service.policy.ranker import (
+    HeuristicRanker,
+    RankerArtefactError,
+    RidgeRanker,
+    WorkerRanker,
+)
+from tenure.service.policy.ranker import SpawnRecord as SpawnRecord
+from tenure.service.settings import SettingsError
 
 __all__ = ["SpawnFacts", "load_ranker", "predict"]
 
@@ -48,7 +53,7 @@ class SpawnFacts:
     fanout: int = 1
     sibling_index: int = 0
     session_elapsed_s: float = 0.0
-    # The extended set (service.policy.ranker.EXTENDED_FEATURES), filled by the tracker.
+    # The extended set (tenure.service.policy.ranker.EXTENDED_FEATURES), filled by the tracker.
     parent_output_tokens: int = 0
     parent_thinking: bool = False
     parent_human_turn: bool = False

@@ -1,7 +1,7 @@
 """Per-turn segment splitting: what the sidecar declares in ``kv_transfer_params.tenure``.
 
 The engine's ``tenure-fs`` tier places each KV block by the segment its tokens fall in
-(:mod:`service.wire.segments`). The sidecar builds those segments for every tracked chat
+(:mod:`tenure.service.wire.segments`). The sidecar builds those segments for every tracked chat
 turn from what it proxies, with no tokenizer of its own:
 
 * **Prompt boundaries come from the engine's own counts.** A turn's response is generated after
@@ -43,9 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.segments.facts import MARKER_TOKENS, carried_reasoning, reasoning_digest
-from service.api.segments.state import MAX_SPANS, SegmentState, Span
-from service.policy.segments import SegmentClass, SessionRole
+from tenure.service.api.segments.facts import MARKER_TOKENS, carried_reasoning, reasoning_digest
+from tenure.service.api.segments.state import MAX_SPANS, SegmentState, Span
+from tenure.service.policy.segments import SegmentClass, SessionRole
 
 __all__ = ["Split", "split_turn"]
 

@@ -1,6 +1,6 @@
 """A session's segment bookkeeping between turns: its spans and the facts of its latest
 response, with the compact JSON codec the sidecar keeps in Redis
-(:mod:`service.state.segment_store`). Pure: no I/O.
+(:mod:`tenure.service.state.segment_store`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from service.api.segments.facts import ResponseFacts
-from service.policy.segments import SegmentClass, SessionRole
-from service.policy.spawn_context import ParentCall
-from service.wire.segments import MAX_SEGMENTS
+from tenure.service.api.segments.facts import ResponseFacts
+from tenure.service.policy.segments import SegmentClass, SessionRole
+from tenure.service.policy.spawn_context import ParentCall
+from tenure.service.wire.segments import MAX_SEGMENTS
 
 __all__ = ["MAX_SPANS", "SegmentState", "Span", "StateDecodeError"]
 

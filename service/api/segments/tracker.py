@@ -2,9 +2,9 @@
 
 With ``TENURE_SEGMENTS=true`` every tracked request of an explicitly named session
 (``X-Tenure-Session``; inferred sessions carry no segments) gets the segment fields of
-``kv_transfer_params.tenure`` (:mod:`service.wire.segments`): its role, its parent and
-the ranker's prediction for a worker, and the segments :func:`service.api.segments.split.split_turn`
-finds. The proxy calls
+``kv_transfer_params.tenure`` (:mod:`tenure.service.wire.segments`): its role, its parent and
+the ranker's prediction for a worker, and the segments
+:func:`tenure.service.api.segments.split.split_turn` finds. The proxy calls
 
 1. :meth:`SegmentTracker.admit` before the turn is counted: reads the session's state and
    refuses what the core would (a request of a worker that has returned, a first request naming
@@ -25,10 +25,10 @@ The lifecycle API's side (:meth:`SegmentTracker.spawn`, :meth:`~SegmentTracker.r
 :meth:`~SegmentTracker.end`): workers spawned and returned through the API, sessions ended, a
 lead's live workers retired with it. Refusals are :class:`SegmentRefused` (status, message,
 code, param), answered by the routes in the API's own error style. A spawn gives the ranker
-what the replay derives from a trace (:func:`service.policy.spawn_context.parent_features`):
+what the replay derives from a trace (:func:`tenure.service.policy.spawn_context.parent_features`):
 the parent's latest answered call, as its state records it, and its worker history, counted in
-Redis (:meth:`~service.state.segment_store.SegmentStore.spawned` / ``returned``: a return adds
-the worker's lifetime, spawn to return on this clock, to its parent's history). A spawn first
+Redis (:meth:`~tenure.service.state.segment_store.SegmentStore.spawned` / ``returned``: a return
+adds the worker's lifetime, spawn to return on this clock, to its parent's history). A spawn first
 waits (bounded) for the parent's answer still being recorded, so it sees the call that spawned
 it.
 """
@@ -43,23 +43,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.api.segments.engine_calls import count_prompt, notify_return
-from service.api.segments.facts import ResponseFacts
-from service.api.segments.spawns import SpawnFacts, predict
-from service.api.segments.split import Split, split_turn
-from service.api.segments.state import SegmentState, StateDecodeError
-from service.api.upstream.client import UpstreamClient
-from service.metrics import Metrics
-from service.policy.ranker import WorkerRanker
-from service.policy.segments import SessionRole
-from service.policy.spawn_context import human_turn, input_types, lifetime_log, parent_features
-from service.settings import Settings
-from service.state.breaker import StateUnavailable
-from service.state.keys import scoped_session_id
-from service.state.segment_store import SegmentStore
-from service.state.store import StateStore
-from service.wire.segments import SegmentWireError, parse_segment_tags
-from service.wire.session_record import SessionRecord
+from tenure.service.api.segments.engine_calls import count_prompt, notify_return
+from tenure.service.api.segments.facts import ResponseFacts
+from tenure.service.api.segments.spawns import SpawnFacts, predict
+from tenure.service.api.segments.split import Split, split_turn
+from tenure.service.api.segments.state import SegmentState, StateDecodeError
+from tenure.service.api.upstream.client import UpstreamClient
+from tenure.service.metrics import Metrics
+from tenure.service.policy.ranker import WorkerRanker
+from tenure.service.policy.segments import SessionRole
+from tenure.service.policy.spawn_context import (
+    human_turn,
+    input_types,
+    lifetime_log,
+    parent_features,
+)
+from tenure.service.settings import Settings
+from tenure.service.state.breaker import StateUnavailable
+from tenure.service.state.keys import scoped_session_id
+from tenure.service.state.segment_store import SegmentStore
+from tenure.service.state.store import StateStore
+from tenure.service.wire.segments import SegmentWireError, parse_segment_tags
+from tenure.service.wire.session_record import SessionRecord
 
 __all__ = ["TREE_DEPTH", "PendingTurn", "SegmentRefused", "SegmentTracker"]
 

@@ -1,13 +1,14 @@
 """What the pipeline needs to know about one tracked API: its shape.
 
-The tracked pipeline (:mod:`service.api.proxy.pipeline`: tenant, body, hints, one Redis call,
+The tracked pipeline (:mod:`tenure.service.api.proxy.pipeline`: tenant, body, hints, one Redis call,
 early forward, relay, end of turn, record) is the same for every API; what differs per API is
 a shape: where a session key sits in the body, how the message prefix is hashed for
 inference, how the stop reason, tool name and usage are found in an answer (whole or
 streamed), and the API's own error body and stream-error event. ``/v1/chat/completions``
-(:mod:`~service.api.shapes.chat`), ``/v1/completions`` (:mod:`~service.api.shapes.completions`),
-``/v1/messages`` (:mod:`~service.api.shapes.messages`) and ``/v1/responses``
-(:mod:`~service.api.shapes.responses`) are the shapes.
+(:mod:`~tenure.service.api.shapes.chat`), ``/v1/completions``
+(:mod:`~tenure.service.api.shapes.completions`), ``/v1/messages``
+(:mod:`~tenure.service.api.shapes.messages`) and ``/v1/responses``
+(:mod:`~tenure.service.api.shapes.responses`) are the shapes.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any, Protocol
 
 from starlette.responses import Response
 
-from service.api.errors import openai_error
-from service.api.hints.dialects import NOTHING, Found
-from service.api.upstream.client import UpstreamError
+from tenure.service.api.errors import openai_error
+from tenure.service.api.hints.dialects import NOTHING, Found
+from tenure.service.api.upstream.client import UpstreamError
 
 __all__ = [
     "NOTHING",

@@ -6,7 +6,7 @@ What differs here from the other tracked APIs: a session no key names is inferre
 the whole answer or from each streamed chunk; usage is ``prompt_tokens`` /
 ``completion_tokens``; errors and the event that ends a cut stream are the OpenAI API's (an
 error event, then ``[DONE]``). The readers of an answer are shared with
-:mod:`service.api.shapes.completions`, whose answers have the same ``choices``.
+:mod:`tenure.service.api.shapes.completions`, whose answers have the same ``choices``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 import msgspec
 
-from service.api.hints.inference import prefix_digests
-from service.api.shapes.base import Prepared, TurnScan, openai_error_shape
-from service.api.upstream.client import UpstreamError
-from service.api.upstream.relay import stream_cut_reason
+from tenure.service.api.hints.inference import prefix_digests
+from tenure.service.api.shapes.base import Prepared, TurnScan, openai_error_shape
+from tenure.service.api.upstream.client import UpstreamError
+from tenure.service.api.upstream.relay import stream_cut_reason
 
 __all__ = ["ChatShape", "openai_stream_error", "scan_choices", "scan_choices_chunk"]
 

@@ -2,7 +2,7 @@
 
 A ``prompt`` has no message structure, so no session is inferred: a turn is tracked only when
 a key names its session. Its answers carry the same ``choices`` as chat's, read by the same
-readers (:mod:`service.api.shapes.chat`); errors are the OpenAI API's.
+readers (:mod:`tenure.service.api.shapes.chat`); errors are the OpenAI API's.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.api.shapes.base import Prepared, openai_error_shape
-from service.api.shapes.chat import openai_stream_error, scan_choices, scan_choices_chunk
+from tenure.service.api.shapes.base import Prepared, openai_error_shape
+from tenure.service.api.shapes.chat import openai_stream_error, scan_choices, scan_choices_chunk
 
 __all__ = ["CompletionsShape"]
 

@@ -5,8 +5,8 @@ request and takes ``kv_transfer_params`` as chat does), so the proxy forwards th
 its ``kv_transfer_params.tenure`` added and relays the answer, SSE events included, byte for
 byte. What this module reads:
 
-* the session: ``X-Tenure-Session`` (or a dialect, :mod:`service.api.hints.dialects`), else the
-  session a harness put in ``metadata.user_id`` (Claude Code's
+* the session: ``X-Tenure-Session`` (or a dialect, :mod:`tenure.service.api.hints.dialects`), else
+  the session a harness put in ``metadata.user_id`` (Claude Code's
   ``user_<hash>_account_<uuid>_session_<uuid>``, or a JSON object with ``session_id``), else
   one inferred from the message prefix as for chat. A plain ``user_id`` names a user, not a
   session, and is not used (all of one user's conversations would merge);
@@ -33,11 +33,11 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from service.api.hints.dialects import Found, retention_seconds, session_key
-from service.api.hints.inference import prefix_digests
-from service.api.shapes.base import Prepared, RouteInputError, TurnScan, usage_fields
-from service.api.upstream.client import UpstreamError
-from service.api.upstream.relay import stream_cut_reason
+from tenure.service.api.hints.dialects import Found, retention_seconds, session_key
+from tenure.service.api.hints.inference import prefix_digests
+from tenure.service.api.shapes.base import Prepared, RouteInputError, TurnScan, usage_fields
+from tenure.service.api.upstream.client import UpstreamError
+from tenure.service.api.upstream.relay import stream_cut_reason
 
 __all__ = [
     "CacheBreakpoint",

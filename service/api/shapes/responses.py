@@ -2,14 +2,14 @@
 
 A Responses conversation names itself: each request continues an earlier answer by
 ``previous_response_id`` (or a ``conversation``), so the session is chained exactly, never
-guessed. Every answer's ``id`` is recorded against its session (:mod:`service.state.aliases`,
+guessed. Every answer's ``id`` is recorded against its session (:mod:`tenure.service.state.aliases`,
 tenant-scoped), and a request whose ``previous_response_id`` this tenant never received is
 refused (400, nothing forwarded, nothing stored): vLLM keeps stored responses for every
 caller alike, so forwarding such an id could continue another tenant's conversation. With
 Redis away a chained request is answered 503 for the same reason.
 
-Precedence: ``X-Tenure-Session`` and the dialects first (:mod:`service.api.hints.dialects`), then
-``conversation`` or the chain, then ``prompt_cache_key``; a request with none of these starts
+Precedence: ``X-Tenure-Session`` and the dialects first (:mod:`tenure.service.api.hints.dialects`),
+then ``conversation`` or the chain, then ``prompt_cache_key``; a request with none of these starts
 a new session (``r-<random>``). The gap comes from the answer's output items: a
 ``function_call`` (or another tool call) -> the tool class; an ``incomplete`` answer ->
 ``max_tokens``; otherwise ``stop`` (a human's turn). Streamed events are relayed as they come.
@@ -25,16 +25,16 @@ from typing import Any
 
 import msgspec
 
-from service.api.hints.dialects import Found, session_key
-from service.api.shapes.base import (
+from tenure.service.api.hints.dialects import Found, session_key
+from tenure.service.api.shapes.base import (
     Prepared,
     RouteInputError,
     TurnScan,
     openai_error_shape,
     usage_fields,
 )
-from service.api.upstream.client import UpstreamError
-from service.api.upstream.relay import stream_cut_reason
+from tenure.service.api.upstream.client import UpstreamError
+from tenure.service.api.upstream.relay import stream_cut_reason
 
 __all__ = [
     "ResponsesShape",

@@ -1,10 +1,10 @@
 """Turn bookkeeping: a tracked request's one Redis call, and the record of how its turn ended.
 
-The proxy (:mod:`service.api.proxy.pipeline`) relays bytes; this book decides what a turn is. At the
-start, one ``turn_start`` script call resolves (or infers) the session and counts the turn
+The proxy (:mod:`tenure.service.api.proxy.pipeline`) relays bytes; this book decides what a turn is.
+At the start, one ``turn_start`` script call resolves (or infers) the session and counts the turn
 (early-forwarded while the call runs when this replica can forecast the number,
-:mod:`service.api.turns.forecasts`); with Redis down the turn is
-:class:`~service.state.store.Uncounted` and goes upstream fail-open. At the end, off the
+:mod:`tenure.service.api.turns.forecasts`); with Redis down the turn is
+:class:`~tenure.service.state.store.Uncounted` and goes upstream fail-open. At the end, off the
 response path, the stop reason, tool and predicted gap are written with the turn as guard,
 or, when the upstream never took the request, the turn is taken back (``rollback_turn``).
 """
@@ -17,30 +17,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.hints.harness import likely_end
-from service.api.hints.tenure import HintError, Hints
-from service.api.segments.facts import ResponseFacts, StreamFacts
-from service.api.segments.tracker import PendingTurn as SegmentTurn
-from service.api.segments.tracker import SegmentTracker
-from service.api.turns import decisions
-from service.api.turns.forecasts import TurnForecasts
-from service.api.turns.recorder import PendingTurn, Recorder
-from service.api.turns.runtime import Runtime
-from service.harness.profiles import HarnessReading
-from service.metrics import Metrics
-from service.policy import lifecycle, stop_class
-from service.policy.ranker import HeuristicRanker, SpawnRecord
-from service.settings import Settings, TenantSpec
-from service.state import aliases
-from service.state.breaker import StateUnavailable
-from service.state.records import TurnStart, Uncounted
-from service.state.scripts import ApplyStatus, RollbackStatus
-from service.state.store import StateStore
-from service.wire.session_record import RecordField
+from tenure.service.api.hints.harness import likely_end
+from tenure.service.api.hints.tenure import HintError, Hints
+from tenure.service.api.segments.facts import ResponseFacts, StreamFacts
+from tenure.service.api.segments.tracker import PendingTurn as SegmentTurn
+from tenure.service.api.segments.tracker import SegmentTracker
+from tenure.service.api.turns import decisions
+from tenure.service.api.turns.forecasts import TurnForecasts
+from tenure.service.api.turns.recorder import PendingTurn, Recorder
+from tenure.service.api.turns.runtime import Runtime
+from tenure.service.harness.profiles import HarnessReading
+from tenure.service.metrics import Metrics
+from tenure.service.policy import lifecycle, stop_class
+from tenure.service.policy.ranker import HeuristicRanker, SpawnRecord
+from tenure.service.settings import Settings, TenantSpec
+from tenure.service.state import aliases
+from tenure.service.state.breaker import StateUnavailable
+from tenure.service.state.records import TurnStart, Uncounted
+from tenure.service.state.scripts import ApplyStatus, RollbackStatus
+from tenure.service.state.store import StateStore
+from tenure.service.wire.session_record import RecordField
 
 __all__ = ["CUT", "FAILED", "OK", "Turn", "TurnBook"]
 
-log = logging.getLogger("service.api.proxy.pipeline")
+log = logging.getLogger("tenure.service.api.proxy.pipeline")
 
 #: How a forwarded turn ended, for the record: the upstream answered it (``OK``), answered
 #: and then the stream was cut (``CUT``: the turn counts, the session is not finished), or
@@ -72,10 +72,11 @@ class Turn:
     segments: SegmentTurn | None = None
     facts: ResponseFacts | None = None
     stream: StreamFacts | None = None
-    #: While recording (service.api.turns.recorder): the request side, and the answer's usage.
+    #: While recording (tenure.service.api.turns.recorder): the request side, and the answer's
+    #: usage.
     record: PendingTurn | None = None
     usage: dict[str, int] | None = None
-    #: What the harness's own fields said (service.harness.profiles), and whether the
+    #: What the harness's own fields said (tenure.service.harness.profiles), and whether the
     #: tenant lets a run's end be inferred from them.
     harness: HarnessReading | None = None
     infer_end: bool = True

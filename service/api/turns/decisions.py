@@ -1,17 +1,17 @@
 """From the decision core's :class:`LifecycleDecision` to a push message and a record update.
 
 The core decides; this module only translates its output into the wire message
-(:class:`~service.wire.push.Decision`) and the session-record fields the APPLY script writes.
+(:class:`~tenure.service.wire.push.Decision`) and the session-record fields the APPLY script writes.
 """
 
 from __future__ import annotations
 
-from service.metrics import Metrics
-from service.policy.lifecycle import LifecycleDecision
-from service.state.keys import scoped_session_id
-from service.state.records import SessionUpdate
-from service.wire.push import Decision
-from service.wire.session_record import RecordField
+from tenure.service.metrics import Metrics
+from tenure.service.policy.lifecycle import LifecycleDecision
+from tenure.service.state.keys import scoped_session_id
+from tenure.service.state.records import SessionUpdate
+from tenure.service.wire.push import Decision
+from tenure.service.wire.session_record import RecordField
 
 __all__ = ["as_message", "as_update", "count"]
 

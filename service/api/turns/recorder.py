@@ -3,11 +3,11 @@
 The proxy calls :meth:`Recorder.begin` when a tracked request arrives on any tracked route
 (chat, ``/v1/messages``, ``/v1/responses``; only while recording: the request's prefix hashes
 cost one pass over its bytes, hashed from the route's own message structure, see
-:mod:`service.record.events`) and :meth:`Recorder.finish` after the answer was handed to the
+:mod:`tenure.service.record.events`) and :meth:`Recorder.finish` after the answer was handed to the
 client, off the response path; token counts come from the route's own usage fields
 (``prompt_tokens``/``completion_tokens``; Anthropic's ``input_tokens`` plus its cache reads
 and writes, ``output_tokens``; the Responses API's ``input_tokens``/``output_tokens``).
-Each finished turn is one :class:`~service.record.events.RecordedTurn` appended to one Redis
+Each finished turn is one :class:`~tenure.service.record.events.RecordedTurn` appended to one Redis
 list by a script that first adds its size to a byte counter and refuses it past
 ``TENURE_RECORD_MAX_BYTES`` (counted as dropped): the recording is bounded however long it
 stays on, and every replica on one Redis appends to the same recording. Recording never fails
@@ -40,9 +40,9 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from service.api.hints.tenure import Hints
-from service.api.shapes import messages, responses
-from service.record.events import (
+from tenure.service.api.hints.tenure import Hints
+from tenure.service.api.shapes import messages, responses
+from tenure.service.record.events import (
     MAX_CHUNKS,
     RecordedTurn,
     hashed_session,

@@ -7,7 +7,7 @@ than as a serialised predictor: appends from many replicas are atomic and ordere
 read-modify-write of a serialised model would lose concurrent updates. Between refreshes a
 replica also learns at once from the gaps it observes itself. The host-retention regime (each
 tenant's lambda, branch and TTL) is the retention controller's
-(:mod:`service.api.retention.controller`), refreshed here with the rest.
+(:mod:`tenure.service.api.retention.controller`), refreshed here with the rest.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
-from service.api.retention.controller import RetentionControl
-from service.metrics import Metrics
-from service.policy import GapPredictor, stop_class
-from service.policy.retention import lambda_crit
-from service.state.breaker import StateUnavailable
-from service.state.config import RuntimeConfig
-from service.state.store import YIELD_EVERY, StateStore
+from tenure.service.api.retention.controller import RetentionControl
+from tenure.service.metrics import Metrics
+from tenure.service.policy import GapPredictor, stop_class
+from tenure.service.policy.retention import lambda_crit
+from tenure.service.state.breaker import StateUnavailable
+from tenure.service.state.config import RuntimeConfig
+from tenure.service.state.store import YIELD_EVERY, StateStore
 
 __all__ = ["Runtime"]
 

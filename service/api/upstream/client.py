@@ -1,6 +1,6 @@
 """The HTTP client for the hop to the upstream, behind one small interface.
 
-Three implementations: :class:`~service.api.upstream.raw.RawUpstream` (the default: asyncio +
+Three implementations: :class:`~tenure.service.api.upstream.raw.RawUpstream` (the default: asyncio +
 httptools, the cheapest per request), ``aiohttp`` (on this project's benchmark machine one
 proxied request costs about 0.4 ms of client CPU with it against about 3 ms with httpx, which
 alone capped the proxy near 300 requests/s) and ``httpx`` (used when a test injects an httpx

@@ -6,7 +6,7 @@ normalisation, per-request objects) are pure cost there: with aiohttp the client
 about a sixth of the sidecar's CPU per proxied request. This one writes the request in one
 ``transport.write`` and parses the response with ``httptools`` (the C parser uvicorn uses).
 
-Behaviour the proxy relies on, as in the other clients of :mod:`service.api.upstream.client`:
+Behaviour the proxy relies on, as in the other clients of :mod:`tenure.service.api.upstream.client`:
 
 * bytes are raw: no decompression; chunked transfer coding is removed (the ASGI server frames
   the body again towards the client);
@@ -32,7 +32,7 @@ from urllib.parse import quote, urlsplit
 
 import httptools
 
-from service.api.upstream.client import UpstreamError, UpstreamResponse
+from tenure.service.api.upstream.client import UpstreamError, UpstreamResponse
 
 __all__ = ["RawUpstream"]
 
@@ -232,7 +232,8 @@ def _as_upstream_error(error: UpstreamError | _Stale) -> UpstreamError:
 
 
 class RawUpstream:
-    """An :class:`~service.api.upstream.client.UpstreamClient` over raw asyncio connections."""
+    """An :class:`~tenure.service.api.upstream.client.UpstreamClient` over raw asyncio
+    connections."""
 
     def __init__(
         self,

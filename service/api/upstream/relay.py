@@ -18,7 +18,7 @@ import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from service.api.upstream.client import UpstreamError, UpstreamResponse
+from tenure.service.api.upstream.client import UpstreamError, UpstreamResponse
 
 __all__ = [
     "STREAM_CLIENT_GONE",

@@ -1,15 +1,15 @@
-"""Trace loaders: every format becomes one :class:`~service.replay.model.Trace`."""
+"""Trace loaders: every format becomes one :class:`~tenure.service.replay.model.Trace`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from service.errors import TraceError
-from service.replay.loaders.canonical import FORMAT_NAME, load_canonical, write_canonical
-from service.replay.loaders.claude_code import load_claude_code
-from service.replay.loaders.mooncake import load_mooncake
-from service.replay.model import Trace
+from tenure.service.errors import TraceError
+from tenure.service.replay.loaders.canonical import FORMAT_NAME, load_canonical, write_canonical
+from tenure.service.replay.loaders.claude_code import load_claude_code
+from tenure.service.replay.loaders.mooncake import load_mooncake
+from tenure.service.replay.model import Trace
 
 __all__ = ["FORMATS", "TraceError", "detect_format", "load_trace", "write_canonical"]
 
@@ -22,7 +22,7 @@ FORMATS: dict[str, Callable[[Path], Trace]] = {
 
 def detect_format(path: Path) -> str:
     """Guess the format from the first line's keys (``--format`` overrides)."""
-    from service.replay.loaders._io import json_lines
+    from tenure.service.replay.loaders._io import json_lines
 
     for _line, obj in json_lines(path):
         if obj.get("format") == FORMAT_NAME:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from service.errors import TraceError
+from tenure.service.errors import TraceError
 
 __all__ = ["json_lines", "require"]
 

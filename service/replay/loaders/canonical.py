@@ -6,9 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.errors import TraceError
-from service.replay.loaders._io import json_lines, require
-from service.replay.model import BlockIdRun, SegmentBuilder, SegmentTable, Session, Trace, Turn
+from tenure.service.errors import TraceError
+from tenure.service.replay.loaders._io import json_lines, require
+from tenure.service.replay.model import (
+    BlockIdRun,
+    SegmentBuilder,
+    SegmentTable,
+    Session,
+    Trace,
+    Turn,
+)
 
 __all__ = ["FORMAT_NAME", "load_canonical", "write_canonical"]
 

@@ -20,9 +20,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.errors import TraceError
-from service.replay.loaders._io import json_lines, require
-from service.replay.model import BlockIdRun, SegmentBuilder, SegmentTable, Session, Trace, Turn
+from tenure.service.errors import TraceError
+from tenure.service.replay.loaders._io import json_lines, require
+from tenure.service.replay.model import (
+    BlockIdRun,
+    SegmentBuilder,
+    SegmentTable,
+    Session,
+    Trace,
+    Turn,
+)
 
 __all__ = ["load_claude_code"]
 

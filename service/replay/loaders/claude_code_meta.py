@@ -1,7 +1,7 @@
 """Per-call and per-spawn metadata of the Claude Code trace that the replay model leaves out.
 
-:func:`~service.replay.loaders.claude_code.load_claude_code` keeps what the engine model needs
-(blocks, tokens, gaps). Placement also needs, per call, whether the model emitted reasoning
+:func:`~tenure.service.replay.loaders.claude_code.load_claude_code` keeps what the engine model
+needs (blocks, tokens, gaps). Placement also needs, per call, whether the model emitted reasoning
 (``output_types`` containing ``thinking``) and its output size, and, per sub-agent, the spawn
 metadata the worker ranker learns from. This module reads the same file and names sessions the
 way the loader does (a root by its ``id``, a sub-agent as ``<parent id>/<agent_id>``; sub-agents
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.errors import TraceError
-from service.policy.ranker import SpawnRecord
-from service.policy.ranker_fit import LabeledSpawn
-from service.policy.spawn_context import ParentCall, history_at, human_turn, parent_features
-from service.replay.loaders._io import json_lines, require
+from tenure.service.errors import TraceError
+from tenure.service.policy.ranker import SpawnRecord
+from tenure.service.policy.ranker_fit import LabeledSpawn
+from tenure.service.policy.spawn_context import ParentCall, history_at, human_turn, parent_features
+from tenure.service.replay.loaders._io import json_lines, require
 
 __all__ = ["CallMeta", "TraceMeta", "load_claude_code_meta"]
 
@@ -149,7 +149,7 @@ class _Reader:
                     fanout=len(group),
                     sibling_index=index,
                     session_elapsed_s=at,
-                    # The derivation the sidecar uses live (service.policy.spawn_context).
+                    # The derivation the sidecar uses live (tenure.service.policy.spawn_context).
                     **parent_features(call, history_at(earlier, at)),
                 )
                 self.meta.spawns.append(LabeledSpawn(root, child, record, lifetime))

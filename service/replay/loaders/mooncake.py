@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from service.errors import TraceError
-from service.replay.loaders._io import json_lines, require
-from service.replay.model import SegmentBuilder, SegmentTable, Session, Trace, Turn, rle
+from tenure.service.errors import TraceError
+from tenure.service.replay.loaders._io import json_lines, require
+from tenure.service.replay.model import SegmentBuilder, SegmentTable, Session, Trace, Turn, rle
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "load_mooncake"]
 
