@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from tenure.service.settings import TenantSpec
 from tests.conftest import wait_for
+from tests.sidecar.conftest import LOADED_HOST, LOADED_HOST_TEST_TIMEOUT_S, LOADED_HOST_WAIT_S
 
 TENANTS = {"alpha": "key-alpha", "beta": "key-beta"}
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -82,9 +83,12 @@ def _set_up(http: httpx.Client, tenant: str) -> Owned:
     owned.responses.append(reply.json()["id"])
     for session in owned.sessions:
         path = f"/v1/sessions/{session}"
-        wait_for(lambda: http.get(path, headers=h).status_code == 200)  # noqa: B023
+        wait_for(lambda: http.get(path, headers=h).status_code == 200, LOADED_HOST_WAIT_S)  # noqa: B023
     suspended = owned.sessions[0]
-    wait_for(lambda: http.get(f"/v1/sessions/{suspended}", headers=h).json()["state"] == "idle")
+    wait_for(
+        lambda: http.get(f"/v1/sessions/{suspended}", headers=h).json().get("state") == "idle",
+        LOADED_HOST_WAIT_S,
+    )
     assert (
         http.post(
             f"/v1/sessions/{suspended}/suspend", json={"expected_wait_s": 600}, headers=h
@@ -218,15 +222,18 @@ def _move(draw: st.DrawFn, owned: dict[str, Owned]) -> tuple[str, str, str, dict
 def two_tenants(sidecar_factory, upstream):
     fake, _ = upstream
     server = sidecar_factory(
-        tenants={key: TenantSpec(name=name) for name, key in TENANTS.items()}, segments=True
+        tenants={key: TenantSpec(name=name) for name, key in TENANTS.items()},
+        segments=True,
+        **LOADED_HOST,
     )
     return server, fake
 
 
+@pytest.mark.timeout(LOADED_HOST_TEST_TIMEOUT_S)
 def test_no_request_of_one_tenant_moves_the_others_state(two_tenants) -> None:
     server, fake = two_tenants
     failures: list[str] = []
-    with httpx.Client(base_url=server.url, timeout=15) as http:
+    with httpx.Client(base_url=server.url, timeout=LOADED_HOST_WAIT_S) as http:
         owned = {tenant: _set_up(http, tenant) for tenant in TENANTS}
 
         @settings(

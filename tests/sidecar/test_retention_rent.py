@@ -9,6 +9,7 @@ clock, a pinned lambda re-prices it, and one tenant's suspensions never charge a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -137,6 +138,77 @@ async def test_a_bad_or_lost_clock_restarts_at_zero(
     await a.store.client.flushdb()  # Redis lost everything
     await a.refresh_at(1300.0, _pinned(2.0))
     assert a.clock() == (0.0, 1300.0, pytest.approx(_rate(2.0)))
+
+
+async def test_an_admin_decision_is_not_undone_by_a_refresh_in_flight(
+    replicas: Callable[[str], Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: the periodic refresh read alpha's view, then (a slow Redis round trip on a
+    loaded host) an admin's ``decide`` chose ``retain`` from the calibration sample, and the
+    refresh then wrote back its own choice made from the view it had read: ``ttl``. One
+    re-choice at a time: the admin's decision waits for the refresh and is the one kept."""
+    a = replicas("a")
+    await a.refresh_at(1000.0, _pinned(2.0))
+    assert a.control.view("alpha").branch == "ttl"
+    a.now[0] = 1000.0 + RetentionKnobs().period_s + 1  # the next refresh re-chooses
+    store = a.control.store
+    read, release = asyncio.Event(), asyncio.Event()
+    real_get_state = store.get_state
+
+    async def slow_get_state(tenant: str) -> dict[str, Any] | None:
+        doc = await real_get_state(tenant)
+        if tenant == "alpha" and not read.is_set():  # the refresh's read, held up
+            read.set()
+            await release.wait()
+        return doc
+
+    monkeypatch.setattr(store, "get_state", slow_get_state)
+    refresh = asyncio.create_task(a.control.refresh(_pinned(2.0)))
+    await read.wait()
+    decide = asyncio.create_task(a.control.decide_now("alpha", _pinned(2.0), [5.0] * 50))
+    # Give the admin's decision the chance to finish inside the refresh's window (it did
+    # before the fix); with the fix it waits for the refresh whatever this allows.
+    await asyncio.wait({decide}, timeout=2.0)
+    release.set()
+    decision = await decide
+    await refresh
+    assert decision is not None and decision.branch == "retain", decision
+    assert a.control.view("alpha").branch == "retain"
+    stored = await real_get_state("alpha")
+    assert stored is not None and stored["branch"] == "retain", stored
+
+
+async def test_a_refresh_in_flight_never_puts_back_the_config_an_admin_replaced(
+    replicas: Callable[[str], Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a refresh read the config document just before ``PATCH /admin/config``
+    wrote it, resumed after the PATCH had set the new config, and put the old one back until
+    the next refresh (a decision made in between priced with the old host slots)."""
+    from tenure.service.api.turns.runtime import Runtime
+
+    a = replicas("a")
+    runtime = Runtime(
+        a.store, Metrics(CollectorRegistry()), gap_log_len=10, tenants=["alpha", "beta"],
+        retention=a.control, clock=lambda: a.now[0],
+    )  # fmt: skip
+    await a.store.update_config(lambda _: RuntimeConfig().model_dump())
+    read, release = asyncio.Event(), asyncio.Event()
+    real_get_config = a.store.get_config
+
+    async def slow_get_config() -> dict[str, Any] | None:
+        doc = await real_get_config()
+        read.set()
+        await release.wait()
+        return doc
+
+    monkeypatch.setattr(a.store, "get_config", slow_get_config)
+    refresh = asyncio.create_task(runtime.refresh())
+    await read.wait()  # the refresh holds the old document
+    runtime.config = _pinned(2.0)  # what PATCH /admin/config does after its write
+    release.set()
+    await refresh
+    assert runtime.config == _pinned(2.0)
+    assert a.control.config == _pinned(2.0)
 
 
 def _views(http: httpx.Client) -> dict[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from tests.sidecar.conftest import LOADED_HOST, LOADED_HOST_TEST_TIMEOUT_S, LOADED_HOST_WAIT_S
 from tests.sidecar.fake_upstream import FakeUpstream, ServerThread
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -41,13 +42,16 @@ def fuzzed(sidecar_factory, upstream):
     fake, _ = upstream
     # Models named "slow" would take seconds; generated names never hang the run.
     fake.slow_s = 0.01
-    return sidecar_factory()
+    return sidecar_factory(**LOADED_HOST)
 
 
+# Every operation keeps its 40 examples per mode (2,361 in all, over the 1,000 floor); on a
+# busy host the run takes minutes, so its time limit is sized for that (a hang guard).
+@pytest.mark.timeout(LOADED_HOST_TEST_TIMEOUT_S)
 def test_lifecycle_and_admin_routes_never_5xx(fuzzed: ServerThread, upstream) -> None:
     """Now the full schema, proxy routes included: no 5xx and no schema violation."""
     fake: FakeUpstream = upstream[0]
-    with httpx.Client(base_url=fuzzed.url, timeout=10) as http:
+    with httpx.Client(base_url=fuzzed.url, timeout=LOADED_HOST_WAIT_S) as http:
         # Some state to hit: an existing session, so generated ids sometimes find a record.
         http.post(
             "/v1/chat/completions",
@@ -75,7 +79,7 @@ def test_lifecycle_and_admin_routes_never_5xx(fuzzed: ServerThread, upstream) ->
 
     failures: list[str] = []
     examples = 0
-    with httpx.Client(base_url=fuzzed.url, timeout=10) as http:
+    with httpx.Client(base_url=fuzzed.url, timeout=LOADED_HOST_WAIT_S) as http:
         for operation, mode in (
             (op, mode)
             for op in operations

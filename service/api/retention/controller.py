@@ -39,6 +39,7 @@ tier is congested: what a suspension got before any wait was observed).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -108,6 +109,11 @@ class RetentionControl:
         #: Called after a branch change (the app broadcasts a push snapshot).
         self.on_change = on_change
         self._rent_moved = False
+        # One re-choice at a time in this replica: the periodic refresh and an admin's
+        # ``decide`` each read the tenant's stored view, decide and write it back; interleaved,
+        # the refresh's write (read before the admin's) undid the admin's decision, which a
+        # loaded host (a slow Redis round trip in the middle) made visible (issue 23).
+        self._deciding = asyncio.Lock()
 
     # --- what a suspension is priced with ---------------------------------------------------
 
@@ -181,16 +187,17 @@ class RetentionControl:
         self.config = config
         made: list[RetentionDecision] = []
         try:
-            self.leader = await self.store.hold_lease(self.owner, self.knobs.lease_s)
-            for tenant in self.tenants:
-                if self.leader:
-                    decision = await self._control(tenant, config, calibration_waits, False)
-                    if decision is not None:
-                        made.append(decision)
-                else:
-                    doc = await self.store.get_state(tenant)
-                    if doc is not None:
-                        self.views[tenant] = TenantRetention.from_doc(doc)
+            async with self._deciding:
+                self.leader = await self.store.hold_lease(self.owner, self.knobs.lease_s)
+                for tenant in self.tenants:
+                    if self.leader:
+                        decision = await self._control(tenant, config, calibration_waits, False)
+                        if decision is not None:
+                            made.append(decision)
+                    else:
+                        doc = await self.store.get_state(tenant)
+                        if doc is not None:
+                            self.views[tenant] = TenantRetention.from_doc(doc)
         except StateUnavailable:
             pass
         self.export(config)
@@ -205,10 +212,11 @@ class RetentionControl:
         """Re-choose ``tenant``'s branch now (admin); ``None`` if another replica holds the
         lease (the single writer)."""
         self.config = config
-        self.leader = await self.store.hold_lease(self.owner, self.knobs.lease_s)
-        if not self.leader:
-            return None
-        decision = await self._control(tenant, config, calibration_waits, True)
+        async with self._deciding:
+            self.leader = await self.store.hold_lease(self.owner, self.knobs.lease_s)
+            if not self.leader:
+                return None
+            decision = await self._control(tenant, config, calibration_waits, True)
         self.export(config)
         if decision is not None and decision.changed and self.on_change is not None:
             await self.on_change()

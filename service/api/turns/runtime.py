@@ -96,8 +96,12 @@ class Runtime:
         self.metrics.lambda_crit.set(lambda_crit(config.host_slots, config.w_ref_s))
 
     async def _refresh_config(self) -> None:
+        held = self.config
         doc = await self.store.get_config()
-        if doc is None:
+        if doc is None or self.config is not held:
+            # An admin's PATCH set a newer config while this read was in flight: the document
+            # read may predate its write, and would put the old config back until the next
+            # refresh (a loaded host widens that window; issue 23).
             return
         try:
             self.config = RuntimeConfig.model_validate(doc)
