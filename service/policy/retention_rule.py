@@ -30,9 +30,10 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from tenure.service.policy.host_loss import episode_cost, erlang_b, poisson_arrivals
 from tenure.service.policy.rent import rent_budget
@@ -138,6 +139,8 @@ class _Scorer:
         episode_len: int,
         mean_prior_s: float | None = None,
     ) -> None:
+        import numpy as np  # the replay extra's; only the opt-in timer rule scores
+
         self.model = model
         self.lam = lam
         self.evaluator = evaluator
@@ -171,6 +174,8 @@ class _Scorer:
         return hit
 
     def _steady(self, timer: float | None) -> np.ndarray:
+        import numpy as np
+
         price, w = self.model.price, self._waits
         if timer is None:
             hold = self._cum[:, -1]
@@ -187,6 +192,8 @@ class _Scorer:
         return out
 
     def _episode(self, timer: float | None) -> np.ndarray:
+        import numpy as np
+
         m = self.model
         return np.array(
             [episode_cost(at, order, timer, m.slots, m.price).cost for at, order in self._streams]
@@ -209,6 +216,8 @@ def _complete_tail(
     most of the mean: without this, keeping every copy looks cheap exactly when it is not.
     A resample already at or above the prior mean is left alone (the prior never shortens
     a tail the data show)."""
+    import numpy as np
+
     tail = max(_TAIL_AT * mean_prior_s, float(waits[-1]) if len(waits) else 0.0) + 1.0
     means = weights @ waits
     p = np.clip((mean_prior_s - means) / (tail - means), 0.0, 1.0)
