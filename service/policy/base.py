@@ -43,6 +43,9 @@ class TierPolicy(ABC):
     #: ``"predicted"`` (online gap prediction + declared last turn, what a real harness gives),
     #: ``"exact"`` (the true next gap: the seed's replay and the clairvoyant reference).
     hint_source: ClassVar[HintSource] = "none"
+    #: The policy learns gaps itself (:mod:`tenure.service.policy.gap_learner`): a caller that
+    #: has no stop reason for a turn sends no gap rather than a stop-blind global median.
+    learns_gaps: ClassVar[bool] = False
     #: The ``infinite`` reference: the tier ignores its capacity.
     unbounded: ClassVar[bool] = False
     #: The ``notier`` reference: the tier has no room at all, whatever it was given.

@@ -11,9 +11,16 @@ Variants (registered names):
 
 * ``tenure`` — gaps predicted online from the stop reason (what a real harness provides).
 * ``tenure-exact-gap`` — the true next gap, as the seed's replay feeds it.
-* ``tenure-tags-off`` — no hints at all: a session's wake-up is its last activity plus a horizon
-  (a high quantile of the idle gaps observed so far), so the classes collapse to idle order, and
-  the admission invariant still holds (live residents are never displaced by a newcomer).
+* ``tenure-tags-off`` — no hints at all: a session's wake-up is learned from the traffic by a
+  :class:`~tenure.service.policy.gap_learner.GapLearner` (per tenant and per session: the
+  distribution of idle gaps given the session's turn count and previous gap, its own gaps, and
+  the chance it has ended), at the ``gap_quantile``; a session that more likely than not has
+  ended wakes "never" (a newcomer that will be back may displace it, one that will not may
+  not), overdue on the same schedule as if it came back. With ``learn_gaps`` = 0 the old rule: last
+  activity plus one horizon for all (a high quantile of the idle gaps observed so far).
+
+Every variant uses the learner wherever a session has no gap hint (``tenure`` on a route or a
+trace without stop reasons: the caller then sends no gap, see ``TierPolicy.learns_gaps``).
 * ``gate-only-literal`` — the literal reading "refuse when the live working set is full": only
   finished sessions are ever evicted; a newcomer that does not fit is refused.
 """
@@ -25,6 +32,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from tenure.service.policy.base import HintSource, PolicyParams
+from tenure.service.policy.gap_learner import MODELS, GapLearner
 from tenure.service.policy.sessions import SessionLife, SessionPolicy
 from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
 from tenure.service.policy.wake_index import WakeIndex
@@ -37,6 +45,7 @@ class TenureGate(SessionPolicy):
     admission = True
     hint_source: ClassVar[HintSource] = "predicted"
     reclaims = True
+    learns_gaps = True
     defaults = {
         # A session is overdue once idle past its wake-up by max(slack_s, slack_frac * gap).
         "overdue_slack_s": 30.0,
@@ -48,6 +57,19 @@ class TenureGate(SessionPolicy):
         "evict_far_wakeup": 1.0,
         # 1: evict overdue residents (0 only in the literal ablation).
         "evict_overdue": 1.0,
+        # 1: a session without a gap hint gets its wake-up from the gap learner (0: horizon).
+        "learn_gaps": 1.0,
+        # The learned wake-up: this quantile of the session's predicted gap distribution
+        # (chosen on the dev split, seeds 10-13: 0.5 / 0.75 / 0.9; results/ladder/README.md).
+        "gap_quantile": 0.75,
+        # 1: learn which sessions end (idle past end_factor x the 99th gap percentile).
+        "learn_ends": 1.0,
+        "end_factor": 2.0,
+        # A session whose learned chance of another turn is below this has probably ended.
+        "end_threshold": 0.5,
+        # What the learner mixes (ablations): 0 tenant + context + session histograms,
+        # 1 the tenant's histogram alone, 2 one log-normal per tenant.
+        "gap_model": 0.0,
     }
     sweep = {"overdue_slack_s": (10.0, 30.0, 120.0), "idle_quantile": (0.75, 0.9, 0.99)}
 
@@ -67,12 +89,43 @@ class TenureGate(SessionPolicy):
         life = self.peek(incoming)
         if life.declared_last or life.finished:
             return math.inf  # its blocks will never be read again
-        gap = life.expected_gap_s if life.expected_gap_s is not None else self._horizon()
-        return now + gap
+        if life.expected_gap_s is not None:
+            return now + life.expected_gap_s
+        learned = self._learned_gap(incoming, pending_turn=life.active)
+        if learned is None:
+            return now + self._horizon()
+        gap, ended = learned
+        # Probably ended: it may take no room from a resident that is not (refuse worst).
+        return math.inf if ended else now + gap
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
         self._index = WakeIndex()
+        #: Learned (wake-up, deadline) of idle unhinted sessions, fixed per idle spell.
+        self._learned: dict[str, tuple[float, float] | None] = {}
+        p = self.params
+        if p["gap_model"] not in range(len(MODELS)):
+            raise ValueError(f"gap_model must be one of 0..{len(MODELS) - 1}")
+        self._learner: GapLearner | None = (
+            GapLearner(
+                learn_ends=bool(p["learn_ends"]),
+                end_factor=p["end_factor"],
+                model=MODELS[int(p["gap_model"])],
+            )
+            if p["learn_gaps"]
+            else None
+        )
+
+    def _learned_gap(
+        self, session: str, *, pending_turn: bool = False
+    ) -> tuple[float, bool] | None:
+        """The learned gap of an unhinted session and whether it has probably ended."""
+        learner = self._learner
+        if learner is None or not learner.ready(session):
+            return None  # the horizon until the tenant has shown a few gaps
+        gap = learner.quantile(session, self.params["gap_quantile"], pending_turn=pending_turn)
+        back = learner.return_probability(session, pending_turn=pending_turn)
+        return gap, back < self.params["end_threshold"]
 
     # --- index maintenance: idle resident sessions by class and wake-up ------------------
 
@@ -89,15 +142,42 @@ class TenureGate(SessionPolicy):
         elif life.wakeup is not None:
             self._index.add_timed(session, life.wakeup, life.wakeup + self._slack(life))
         else:
-            self._index.add_untimed(session, life.last_activity)
+            timed = self.learned_wakeup(session, life)
+            if timed is None:
+                self._index.add_untimed(session, life.last_activity)
+            else:
+                self._index.add_timed(session, *timed)
+
+    def learned_wakeup(self, session: str, life: SessionLife) -> tuple[float, float] | None:
+        """``(wake-up, overdue deadline)`` of an idle unhinted session, fixed when first asked
+        in its idle spell (from what the learner knew then), or ``None`` (the horizon rule)."""
+        if session in self._learned:
+            return self._learned[session]
+        learned = self._learned_gap(session)
+        if learned is None:
+            self._learned[session] = None  # not ready yet: the horizon for this idle spell
+            return None
+        gap, ended = learned
+        last = life.last_activity
+        deadline = last + gap + self._slack_for(gap)
+        # A session that has probably ended wakes "never": any newcomer that will be back may
+        # displace it, one that will not may not; it is overdue on the same schedule as if it
+        # were coming back.
+        fixed = self._learned[session] = (math.inf if ended else last + gap, deadline)
+        return fixed
 
     def on_request_start(self, session: str, now: float) -> None:
+        self._learned.pop(session, None)
+        if self._learner is not None:
+            self._learner.on_start(session, now)
         super().on_request_start(session, now)
         self._index.discard(session)
 
     def on_access(
         self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
     ) -> None:
+        if self._learner is not None:
+            self._learner.on_idle(session, now)
         super().on_access(session, runs, inserted, now)
         self._reindex(session)
 
@@ -124,6 +204,9 @@ class TenureGate(SessionPolicy):
     def forget(self, session: str) -> None:
         super().forget(session)
         self._index.discard(session)
+        self._learned.pop(session, None)
+        if self._learner is not None:
+            self._learner.forget(session)
 
     # --- the decision ----------------------------------------------------------------------
 
@@ -149,6 +232,7 @@ class TenureGate(SessionPolicy):
             blocks = resident.get(session, 0)
             if session in excluded or blocks <= 0:
                 return False
+            excluded.add(session)  # an overdue session that "never" wakes is also far: once
             order.append((session, cls))
             have += blocks
             return have >= n

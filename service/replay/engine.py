@@ -37,7 +37,9 @@ Which calls count as a use of a host block (vLLM 0.32's ``OffloadingConnectorSch
 Hints by ``policy_class(name).hint_source``: ``predicted`` — at a request's start the expected
 gap after it is predicted from the previous response's stop reason by a
 :class:`~tenure.service.policy.gap.GapPredictor` trained online on the gaps observed so far in this
-run, refined at completion with the response's own stop reason; ``exact`` — the true next gap
+run, refined at completion with the response's own stop reason (a policy that
+``learns_gaps`` gets no gap for a turn without a stop reason: it learns one per session itself);
+``exact`` — the true next gap
 from the trace; ``none`` — no hints. ``last_turn`` is declared on a session's final request for
 every hint-using policy. Hint-using policies also get the harness's view of a divergence: when
 a session's new call no longer uses the tail of a segment its previous call used (a compaction,

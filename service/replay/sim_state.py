@@ -77,6 +77,7 @@ class SimState:
         self.progress = progress
         cls = policy_class(config.policy)
         self.hint_source = cls.hint_source
+        self.learns_gaps = cls.learns_gaps
         # A lifecycle-aware deployment sees a session's new request diverge from its previous
         # one (a compaction, a rewritten last block) and drops the dead tail at once; vLLM's
         # own policies leave it to age out.

@@ -12,7 +12,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from tenure.service.policy import SessionHint
+from tenure.service.policy import SessionHint, stop_class
 from tenure.service.policy.types import Run
 from tenure.service.replay.model import slice_runs
 from tenure.service.replay.requests import Join, Request
@@ -104,7 +104,7 @@ class Workload:
             if self.sim.hint_source == "exact":
                 gap = None if turn.last else sess.turns[k + 1].gap_s
             else:
-                gap = None if declared else self.sim.gaps.predict(self.prev_stop[session])
+                gap = None if declared else self._predict(self.prev_stop[session])
             self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap, last_turn=declared), now)
             self.sim.arm_timer(now)
         self.sim.waiting.append(req)
@@ -131,7 +131,7 @@ class Workload:
         ):
             self.sim.tier.hint(sid, SessionHint(likely_end=True), now)
         elif self.sim.hint_source == "predicted" and not declared:
-            gap = self.sim.gaps.predict(turn.stop)
+            gap = self._predict(turn.stop)
             self.sim.tier.hint(sid, SessionHint(expected_gap_s=gap), now)
         self.sim.arm_timer(now)
         self.sim.result.record(self.root_of[session], req, turn.seen_blocks, now, self.sim.bt)
@@ -156,6 +156,13 @@ class Workload:
             wait.ready = max(wait.ready, own)
             wait.own_done = True
             self._maybe_release(session, nxt, wait)
+
+    def _predict(self, stop: str | None) -> float | None:
+        # Without a stop reason the predictor's answer is one stop-blind median for everyone;
+        # a policy that learns gaps itself (per session) is better served by no gap at all.
+        if self.sim.learns_gaps and stop_class(stop) == "other":
+            return None
+        return self.sim.gaps.predict(stop)
 
     def _join_done(self, parent: int, turn: int, ready: float) -> None:
         wait = self.join_wait[(parent, turn)]

@@ -26,8 +26,14 @@ def _reference_order(
         if life.finished:
             finished.append((life.last_activity, session))
             continue
-        wakeup = life.wakeup if life.wakeup is not None else life.last_activity + horizon
-        if now > wakeup + gate._slack(life):
+        unhinted = life.wakeup is None and session in gate.lives
+        learned = gate.learned_wakeup(session, life) if unhinted else None
+        if learned is not None:  # no gap hint: the learner's wake-up, fixed when it went idle
+            wakeup, deadline = learned
+        else:
+            wakeup = life.wakeup if life.wakeup is not None else life.last_activity + horizon
+            deadline = wakeup + gate._slack(life)
+        if now > deadline:
             overdue.append((wakeup, session))
         else:
             live.append((wakeup, session))
