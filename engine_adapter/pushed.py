@@ -24,6 +24,7 @@ from tenure.engine_adapter.rent_timers import Held, RentTimers, moved, tenant_of
 from tenure.engine_adapter.resumes import ResumeTracker
 from tenure.engine_adapter.sessions import Sessions
 from tenure.service.policy import SessionHint, TierPolicy
+from tenure.service.policy.lifecycle import STOP_BLIND
 from tenure.service.wire.push import Decision, Snapshot
 
 __all__ = ["Pushed"]
@@ -205,6 +206,10 @@ class Pushed:
         gap = decision.expected_gap_s
         if decision.wakeup_at is not None:
             gap = max(0.0, decision.wakeup_at - wall)
+        if decision.reason == STOP_BLIND and self.core.learns_gaps:
+            # The sidecar saw no stop reason: its gap is one median for the whole tenant; the
+            # core learns this session's own from the traffic it serves (gap_learner).
+            gap = None
         return SessionHint(
             expected_gap_s=gap,
             last_turn=decision.last_turn or decision.state == "finished",

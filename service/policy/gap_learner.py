@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 from statistics import NormalDist
 
 __all__ = ["MODELS", "GapLearner", "tenant_of"]
@@ -53,6 +55,8 @@ _LOG_RATIO = math.log(_RATIO)
 #: Completed-turn buckets (1, 2, 3, 4-7, 8+) and previous-gap buckets (none, <10, <60, <600, more).
 _TURN_CAP = 4
 _GAP_EDGES = (10.0, 60.0, 600.0)
+#: How often (in observed gaps) a tenant's end threshold is recomputed.
+_END_EVERY = 32
 #: The session's own most recent gaps kept.
 _OWN = 16
 #: Gaps below this count as this in the log-normal fit (a zero gap has no logarithm).
@@ -66,6 +70,11 @@ def tenant_of(session: str) -> str:
     """The tenant part of a scoped session id (``tenant/session``); ``""`` when unscoped."""
     head, sep, _ = session.partition("/")
     return head if sep else ""
+
+
+def _edge(x: float) -> float:
+    """The gap at fractional bin position ``x`` (bin ``i`` spans ``_edge(i)`` to ``_edge(i+1)``)."""
+    return _LO * math.exp(x * _LOG_RATIO)
 
 
 def _bin(gap: float) -> int:
@@ -124,6 +133,8 @@ class _Tenant:
     returned: list[float] = field(default_factory=lambda: [0.0] * (_TURN_CAP + 1))
     ended: list[float] = field(default_factory=lambda: [0.0] * (_TURN_CAP + 1))
     observed: int = 0  # gaps ever observed (not halved)
+    #: ``end_after`` as last computed, and the ``observed`` count it was computed at.
+    end_cache: tuple[int, float] = (-1, 0.0)
 
     def __post_init__(self) -> None:
         self.overall = _Histogram(self.window)
@@ -133,9 +144,29 @@ class _Tenant:
 class _Session:
     turns: int = 0  # completed turns
     prev_gap: float | None = None
-    own: list[float] = field(default_factory=list)
+    own: list[int] = field(default_factory=list)  # bins of its most recent gaps
     idle_since: float | None = None  # completion time while idle, None while active
     ended_bucket: int | None = None  # counted as ended after this turn bucket
+
+
+@dataclass(slots=True)
+class _Mixture:
+    """A predicted distribution as its terms: ``scale x counts`` of the tenant histogram and of
+    the context histogram, plus point masses (own gaps, the prior) by bin."""
+
+    overall: _Histogram | None
+    overall_scale: float
+    ctx: _Histogram | None
+    ctx_scale: float
+    extra: dict[int, float]
+
+    def mass(self, i: int) -> float:
+        m = self.extra.get(i, 0.0)
+        if self.overall is not None:
+            m += self.overall_scale * self.overall.counts[i]
+        if self.ctx is not None:
+            m += self.ctx_scale * self.ctx.counts[i]
+        return m
 
 
 class GapLearner:
@@ -222,7 +253,7 @@ class GapLearner:
             hist = tenant.contexts[key] = _Histogram(self.window)
         hist.add(gap)
         state.prev_gap = gap
-        state.own.append(gap)
+        state.own.append(_bin(gap))
         if len(state.own) > _OWN:
             del state.own[0]
         state.idle_since = None
@@ -262,9 +293,16 @@ class GapLearner:
             tenant.ended[state.ended_bucket] += 1.0
 
     def end_after(self, tenant: _Tenant) -> float:
-        """Idle this long, a session of ``tenant`` counts as ended."""
+        """Idle this long, a session of ``tenant`` counts as ended (recomputed every
+        ``_END_EVERY`` observed gaps: a 99th percentile moves slowly, and this is asked on
+        every request)."""
+        stamp, value = tenant.end_cache
+        if stamp >= 0 and tenant.observed - stamp < _END_EVERY:
+            return value
         p99 = _quantile(tenant.overall.counts, tenant.overall.total, 0.99)
-        return max(self.end_min_s, self.end_factor * p99) if p99 is not None else self.end_min_s
+        value = self.end_min_s if p99 is None else max(self.end_min_s, self.end_factor * p99)
+        tenant.end_cache = (tenant.observed, value)
+        return value
 
     # --- queries --------------------------------------------------------------------------
 
@@ -292,38 +330,42 @@ class GapLearner:
         turns = state.turns if state is not None else 0
         return max(1, turns + 1 if pending_turn else turns)
 
-    def distribution(self, session: str, *, pending_turn: bool = False) -> list[float]:
-        """The predicted next gap of ``session`` over the log bins (sums to 1, ends excluded);
-        ``pending_turn``: the gap after the request now in flight."""
+    def _parts(self, session: str, pending_turn: bool) -> _Mixture:
+        """The mixture's terms: tenant histogram (with a prior pseudo-count), context, own."""
         tenant = self._tenants.get(tenant_of(session))
-        mix = [0.0] * _BINS
         if tenant is None or tenant.overall.total <= 0:
-            mix[self.prior_bin] = 1.0
-            return mix
-        # Tenant-wide histogram with a prior pseudo-count, then the context, then the session.
+            return _Mixture(None, 0.0, None, 0.0, {self.prior_bin: 1.0})
         overall = tenant.overall
-        total = overall.total + self.prior_weight
-        for i, c in enumerate(overall.counts):
-            mix[i] = c / total
-        mix[self.prior_bin] += self.prior_weight / total
-        if self.model == "tenant":
-            return mix
-        state = self._sessions.get(session)
-        prev = state.prev_gap if state is not None else None
-        hist = tenant.contexts.get(
-            (_turn_bucket(self._turns(session, pending_turn)), _gap_bucket(prev))
-        )
-        if hist is not None and hist.total > 0:
-            w = hist.total / (hist.total + self.context_weight)
-            scale = w / hist.total
-            mix = [(1.0 - w) * m + scale * c for m, c in zip(mix, hist.counts, strict=True)]
+        base = 1.0  # the weight left for the tenant histogram and its prior
+        extra: dict[int, float] = {}
+        ctx: _Histogram | None = None
+        ctx_scale = 0.0
+        state = self._sessions.get(session) if self.model == "mixture" else None
         if state is not None and state.own:
             n = len(state.own)
             w = n / (n + self.session_weight)
-            mix = [(1.0 - w) * m for m in mix]
-            for gap in state.own:
-                mix[_bin(gap)] += w / n
-        return mix
+            for i in state.own:
+                extra[i] = extra.get(i, 0.0) + w / n
+            base -= w
+        if self.model == "mixture":
+            prev = state.prev_gap if state is not None else None
+            turns = _turn_bucket(self._turns(session, pending_turn))
+            ctx = tenant.contexts.get((turns, _gap_bucket(prev)))
+            if ctx is not None and ctx.total > 0:
+                w = ctx.total / (ctx.total + self.context_weight)
+                ctx_scale = base * w / ctx.total
+                base *= 1.0 - w
+            else:
+                ctx = None
+        total = overall.total + self.prior_weight
+        extra[self.prior_bin] = extra.get(self.prior_bin, 0.0) + base * self.prior_weight / total
+        return _Mixture(overall, base / total, ctx, ctx_scale, extra)
+
+    def distribution(self, session: str, *, pending_turn: bool = False) -> list[float]:
+        """The predicted next gap of ``session`` over the log bins (sums to 1, ends excluded);
+        ``pending_turn``: the gap after the request now in flight."""
+        parts = self._parts(session, pending_turn)
+        return [parts.mass(i) for i in range(_BINS)]
 
     def quantile(self, session: str, q: float, *, pending_turn: bool = False) -> float:
         """The ``q`` quantile of the next gap *if* the session comes back (ends excluded: ask
@@ -332,13 +374,33 @@ class GapLearner:
             raise ValueError("q must be in (0, 1)")
         if self.model == "lognormal":
             return self._lognormal_quantile(session, q)
-        value = _quantile(self.distribution(session, pending_turn=pending_turn), 1.0, q)
-        return value if value is not None else math.inf
+        # Cumulative masses built at C speed (accumulate), then a bisection over the bins: it
+        # is asked on every idle entry and every refused-or-not store of an unhinted session.
+        parts = self._parts(session, pending_turn)
+        if parts.overall is None:
+            base = [0.0] * _BINS
+        elif parts.ctx is None:
+            a = parts.overall_scale
+            base = [a * c for c in parts.overall.counts]
+        else:
+            a, b = parts.overall_scale, parts.ctx_scale
+            base = [
+                a * c + b * d for c, d in zip(parts.overall.counts, parts.ctx.counts, strict=True)
+            ]
+        for i, m in parts.extra.items():
+            base[i] += m
+        cum = list(accumulate(base))
+        i = bisect_left(cum, q)
+        if i >= _BINS:
+            return math.inf
+        before = cum[i - 1] if i > 0 else 0.0
+        m = base[i]
+        return _edge(i + ((q - before) / m if m > 0 else 1.0))
 
     def _lognormal_quantile(self, session: str, q: float) -> float:
         """One log-normal per tenant, fitted to its gaps (moments of the log)."""
         tenant = self._tenants.get(tenant_of(session))
-        prior = _LO * _RATIO ** (self.prior_bin + 0.5)
+        prior = _edge(self.prior_bin + 0.5)
         if tenant is None or tenant.overall.total < 2:
             return prior
         h = tenant.overall
@@ -360,7 +422,7 @@ def _quantile(counts: list[float], total: float, q: float) -> float | None:
             continue
         if acc + c >= target:
             frac = (target - acc) / c
-            return _LO * _RATIO ** (i + frac)
+            return _edge(i + frac)
         acc += c
     last = max((i for i, c in enumerate(counts) if c > 0), default=_BINS - 1)
-    return _LO * _RATIO ** (last + 1)
+    return _edge(last + 1)

@@ -26,6 +26,7 @@ from tenure.service.policy.types import EvictionClass
 
 __all__ = [
     "LIKELY_END",
+    "STOP_BLIND",
     "LifecycleDecision",
     "RetentionSettings",
     "classify",
@@ -43,6 +44,10 @@ __all__ = [
 State = Literal["active", "idle", "suspended", "finished"]
 #: The reason prefix of an inferred end (``likely_end_one_shot``, ``likely_end_subagent``).
 LIKELY_END = "likely_end"
+#: The reason of an idle decision whose gap was predicted without a stop reason (the tenant's
+#: stop-blind median): an engine whose policy learns gaps per session
+#: (``TierPolicy.learns_gaps``) uses its own learned gap instead.
+STOP_BLIND = "predicted_other"
 
 
 @dataclass(frozen=True, slots=True)
