@@ -173,8 +173,13 @@ def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     return [(a, min(hi, a + step)) for a in range(lo, hi, step)]
 
 
-def _intervals(log: Sequence[Access], work: BlockWork, pieces_per_request: int) -> _Intervals:
-    """The LP's intervals and prefix chains, and the work credited free."""
+def _intervals(
+    log: Sequence[Access], work: BlockWork, pieces_per_request: int, hold_across_gpu: bool = False
+) -> _Intervals:
+    """The LP's intervals and prefix chains, and the work credited free.
+
+    ``hold_across_gpu``: a use the GPU serves does not make a block available again (see
+    :func:`prefill_bound`)."""
     held: dict[int, _Pieces] = {}
     out = _Intervals()
     for acc in log:
@@ -199,7 +204,11 @@ def _intervals(log: Sequence[Access], work: BlockWork, pieces_per_request: int) 
                         ranges[-1] = (ranges[-1][0], p0 + b - a, avail)
                     else:
                         ranges.append((p0, p0 + b - a, avail))
-            segment.raise_to(start, stop, acc.done_s)
+            # A use makes its blocks available again from its completion; in the diagnostic,
+            # only the blocks it computed or loaded (not those its GPU hit served).
+            renew = min(lo, stop) if hold_across_gpu else start
+            if renew < stop:
+                segment.raise_to(renew, stop, acc.done_s)
             pos += stop - start
         total = sum(q - p for p, q, _a in ranges)
         prev = -1
@@ -225,18 +234,28 @@ def prefill_bound(
     capacity_blocks: int | None,
     work: BlockWork,
     pieces_per_request: int = 1,
+    *,
+    hold_across_gpu: bool = False,
 ) -> Bound:
     """Upper bound on the work a ``capacity_blocks`` host tier saves on ``log`` (see module).
 
     ``capacity_blocks=None``: an unbounded tier (every interval is kept). Each request's
     eligible blocks are cut into about ``pieces_per_request`` LP variables chained in prefix
     order; more pieces tighten the bound (fact 3 is applied to smaller groups), never break it.
+
+    ``hold_across_gpu=True`` is a *diagnostic*, not a bound on every policy: the LP above may
+    drop a block and have it "re-stored" at a use the GPU serves (the use's completion makes it
+    available again), which an online policy cannot plan without knowing the GPU's future. With
+    the flag a GPU-served use does not renew a block's availability: a block that hits at a
+    later GPU-missing use must have been held since the last use that computed or loaded it,
+    across every GPU-served use between. The gap between the two figures is the part of the
+    bound that rests on dropping and re-storing around GPU hits.
     """
     from scipy.optimize import linprog
     from scipy.sparse import csr_array
 
     t0 = time.perf_counter()
-    iv = _intervals(log, work, pieces_per_request)
+    iv = _intervals(log, work, pieces_per_request, hold_across_gpu)
     n = len(iv.start)
     if capacity_blocks is None:
         whole = iv.free + sum(iv.value)

@@ -119,6 +119,8 @@ class _Sim:
         res.bound_work = bound.work
         res.bound_seconds = bound.seconds
         res.bound_intervals = bound.intervals
+        if sim.config.bound_held:
+            res.bound_held_work = prefill_bound(log, capacity, work, hold_across_gpu=True).work
 
     def run(self) -> RunResult:
         sim, workload, batching = self.sim, self.workload, self.batching
