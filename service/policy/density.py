@@ -56,7 +56,7 @@ from tenure.service.policy.gap_spread import GapSpread, HitYield
 from tenure.service.policy.sessions import SessionLife, SessionPolicy
 from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
 
-__all__ = ["TenureDensity"]
+__all__ = ["TenureDensity", "TenureDensityExactGap"]
 
 
 class TenureDensity(SessionPolicy):
@@ -274,3 +274,11 @@ class TenureDensity(SessionPolicy):
                 self._drop(owner)
         self._count_victims(victims)
         return victims
+
+
+class TenureDensityExactGap(TenureDensity):
+    """The density order fed the true next gap (the replay's clairvoyant hint): how much of the
+    distance to the bound a perfect gap prediction would close."""
+
+    name = "tenure-density-exact-gap"
+    hint_source = "exact"

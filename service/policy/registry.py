@@ -34,6 +34,7 @@ _REGISTRY: dict[str, str] = {
     "tenure-exact-gap": "tenure.service.policy.gate:TenureExactGap",
     "gate-only-literal": "tenure.service.policy.gate:GateOnlyLiteral",
     "tenure-density": "tenure.service.policy.density:TenureDensity",
+    "tenure-density-exact-gap": "tenure.service.policy.density:TenureDensityExactGap",
     "oracle": "tenure.service.policy.oracle:OraclePolicy",
 }
 

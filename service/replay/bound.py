@@ -97,6 +97,9 @@ class Access:
     done_s: float
     gpu_hit: int
     host_hit: int = 0
+    #: When its prefill ended (the last moment vLLM's connector offers its computed blocks);
+    #: read only by the ``vllm_offers`` diagnostic.
+    first_token_s: float = -1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +177,16 @@ def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _intervals(
-    log: Sequence[Access], work: BlockWork, pieces_per_request: int, hold_across_gpu: bool = False
+    log: Sequence[Access],
+    work: BlockWork,
+    pieces_per_request: int,
+    hold_across_gpu: bool = False,
+    vllm_offers: bool = False,
 ) -> _Intervals:
     """The LP's intervals and prefix chains, and the work credited free.
 
-    ``hold_across_gpu``: a use the GPU serves does not make a block available again (see
-    :func:`prefill_bound`)."""
+    ``hold_across_gpu``, ``vllm_offers``: which uses make a block available again, and from
+    when (the diagnostics of :func:`prefill_bound`)."""
     held: dict[int, _Pieces] = {}
     out = _Intervals()
     for acc in log:
@@ -206,9 +213,17 @@ def _intervals(
                         ranges.append((p0, p0 + b - a, avail))
             # A use makes its blocks available again from its completion; in the diagnostic,
             # only the blocks it computed or loaded (not those its GPU hit served).
-            renew = min(lo, stop) if hold_across_gpu else start
+            renew, when = start, acc.done_s
+            if vllm_offers:
+                # vLLM offers a request's context from 0 when the tier had none of it, else
+                # from past the blocks it loaded; the offers end with its prefill.
+                offered = 0 if acc.host_hit == 0 else acc.gpu_hit + acc.host_hit
+                renew = min(start + max(0, offered - pos), stop)
+                when = acc.first_token_s if acc.first_token_s >= 0 else acc.done_s
+            elif hold_across_gpu:
+                renew = min(lo, stop)
             if renew < stop:
-                segment.raise_to(renew, stop, acc.done_s)
+                segment.raise_to(renew, stop, when)
             pos += stop - start
         total = sum(q - p for p, q, _a in ranges)
         prev = -1
@@ -236,6 +251,7 @@ def prefill_bound(
     pieces_per_request: int = 1,
     *,
     hold_across_gpu: bool = False,
+    vllm_offers: bool = False,
 ) -> Bound:
     """Upper bound on the work a ``capacity_blocks`` host tier saves on ``log`` (see module).
 
@@ -250,12 +266,21 @@ def prefill_bound(
     later GPU-missing use must have been held since the last use that computed or loaded it,
     across every GPU-served use between. The gap between the two figures is the part of the
     bound that rests on dropping and re-storing around GPU hits.
+
+    ``vllm_offers=True``, a second diagnostic: a block becomes available only when vLLM's
+    connector could have stored it in this run, i.e. when a request *offered* it (its whole
+    context when the tier had none of it, else only past the blocks it loaded), and from the
+    end of that request's prefill instead of its completion. The LP above credits the running
+    time of every request for free (a block may be stored at its holder's completion) and lets
+    a loaded block be dropped and stored again; vLLM stores during the prefill and never
+    re-offers what it loaded. Both diagnostics read the run's own GPU and host hits, so they
+    describe that run; neither bounds every policy.
     """
     from scipy.optimize import linprog
     from scipy.sparse import csr_array
 
     t0 = time.perf_counter()
-    iv = _intervals(log, work, pieces_per_request, hold_across_gpu)
+    iv = _intervals(log, work, pieces_per_request, hold_across_gpu, vllm_offers)
     n = len(iv.start)
     if capacity_blocks is None:
         whole = iv.free + sum(iv.value)
