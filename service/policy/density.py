@@ -20,10 +20,16 @@ LHD, NSDI 2018, with the work of a hit in place of a hit count). For an idle res
   "overdue", without a slack parameter) and a heavy tail lowers the expected return.
 * A copy is useless for the blocks the GPU prefix cache still serves when the session comes
   back (vLLM looks the tier up from the GPU hit on), and vLLM re-offers the whole context to a
-  tier that holds none of it: so what a copy yields depends on the gap too.
-  :class:`~tenure.service.policy.gap_spread.HitYield` learns it from the lookups (``on_lookup``:
-  blocks loaded over blocks held, by bin of the real gap), and each surviving gap is weighed by
-  it. A caller that reports no lookups (the engine adapter today) leaves the yield at 1.
+  tier that holds none of it: so the tier need not hold a session across a turn the GPU will
+  serve. The GPU's LRU lets go of a session once enough blocks were computed after its last
+  use, so the policy keeps an *allocation clock* (blocks computed, from each lookup: context
+  past the GPU hit minus the host hit) and a rate, and
+  :class:`~tenure.service.policy.gap_spread.HitYield` learns from the lookups what share of a
+  held copy is loaded at each clock distance (``on_lookup``). A surviving gap ``g`` is then
+  weighed by the yield at the distance the session will be at if it comes back then:
+  ``d_now + rate * (g - a)``. A session that comes back in seconds, while the GPU still holds
+  it, is worth little in the tier; many such do not crowd out the one the tier saves. A caller
+  that reports no lookups (the engine adapter today) leaves the yield at its prior, 1.
 
 Decisions, with the gate's invariants kept:
 
@@ -38,16 +44,18 @@ decision scores the idle residents, or, above ``sample`` of them, a deterministi
 ``sample`` (LHD's own answer: sampling 64 candidates loses little), so its cost does not grow
 with the number of sessions.
 
-Measured and dropped: an allocation-clock model of the GPU's LRU (a session leaves the GPU
-once ``gpu_blocks`` blocks were computed after its last use) made it worse on the dev split
-(the running requests' contexts take most of the GPU pool, and the GPU's hits at a gap are
-far from a step function of it); the yield learned from lookups replaced it.
+Measured and dropped: a fixed allocation-clock threshold (a session leaves the GPU once
+``gpu_blocks`` blocks were computed after its last use) made it worse on the dev split (the
+running requests' contexts take most of the GPU pool, and the GPU's hits at a distance are
+far from a step function of it); the yield learned from lookups at a clock distance replaced
+its fixed threshold.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -73,6 +81,8 @@ class TenureDensity(SessionPolicy):
         "spread_min_samples": 8.0,
         # Idle residents scored per decision above which a sample is scored instead.
         "sample": 64.0,
+        # Window (seconds) of the allocation clock's rate.
+        "rate_window_s": 300.0,
     }
     sweep = {"spread_min_samples": (4.0, 8.0, 32.0)}
 
@@ -81,11 +91,16 @@ class TenureDensity(SessionPolicy):
         self.spread = GapSpread(
             window=int(self.params["spread_window"]),
             min_samples=int(self.params["spread_min_samples"]),
-            yields=HitYield(),
         )
-        # A returning session: (its gap, blocks it held when the request started), until the
-        # request's lookup says how many of them it loaded.
-        self._returning: dict[str, tuple[float, int]] = {}
+        self.yields = HitYield()
+        # The allocation clock (blocks computed, from lookups), its recent history for the
+        # rate, and each session's clock at its last use.
+        self.clock = 0
+        self._ticks: deque[tuple[float, int]] = deque()
+        self._used_at: dict[str, int] = {}
+        # A returning session's blocks held when its request started, until its lookup says
+        # how many of them it loaded.
+        self._returning: dict[str, int] = {}
         # Idle sessions holding blocks: a list for O(1) sampling, and positions into it.
         self._idle: list[str] = []
         self._idle_pos: dict[str, int] = {}
@@ -121,13 +136,12 @@ class TenureDensity(SessionPolicy):
     def on_request_start(self, session: str, now: float) -> None:
         life = self.lives.get(session)
         if life is not None and not life.active and life.last_activity > 0.0:
-            gap = now - life.last_activity
             bucket = self._idle_bucket.pop(session, None)
             if bucket is not None:
-                self.spread.observe(bucket, gap)
+                self.spread.observe(bucket, now - life.last_activity)
             held = self.tier.session_resident.get(session, 0)
-            if held > 0:
-                self._returning[session] = (gap, held)
+            if held > 0 and session in self._used_at:
+                self._returning[session] = held
         super().on_request_start(session, now)
         self._drop(session)
 
@@ -136,6 +150,7 @@ class TenureDensity(SessionPolicy):
     ) -> None:
         super().on_access(session, runs, inserted, now)
         self._returning.pop(session, None)
+        self._used_at[session] = self.clock
         self._note_idle(session)
         self._reindex(session)
 
@@ -145,10 +160,24 @@ class TenureDensity(SessionPolicy):
         self._reindex(session)
 
     def on_lookup(self, session: str, runs: Sequence[Run], hit: int, now: float) -> None:
-        returning = self._returning.pop(session, None)
-        if returning is not None:
-            gap, held = returning
-            self.spread.yields.observe(gap, hit / held)
+        held = self._returning.pop(session, None)
+        if held is not None:
+            distance = self.clock - self._used_at.get(session, self.clock)
+            self.yields.observe(distance, hit / held)
+        # What this request computes: its context past the GPU hit, less what the tier loads.
+        self.clock += max(0, sum(r.blocks for r in runs) - hit)
+        ticks = self._ticks
+        ticks.append((now, self.clock))
+        while len(ticks) > 2 and ticks[1][0] < now - self.params["rate_window_s"]:
+            ticks.popleft()
+
+    def rate(self, now: float) -> float:
+        """Blocks computed per second recently (0 before two lookups)."""
+        if len(self._ticks) < 2:
+            return 0.0
+        t0, c0 = self._ticks[0]
+        span = now - t0
+        return (self.clock - c0) / span if span > 0 else 0.0
 
     def on_insert(self, run: Run, now: float) -> None:
         owner = self.tier.owner(run.seg)
@@ -171,6 +200,7 @@ class TenureDensity(SessionPolicy):
         self._drop(session)
         self._idle_bucket.pop(session, None)
         self._returning.pop(session, None)
+        self._used_at.pop(session, None)
 
     def _note_idle(self, session: str) -> None:
         life = self.lives.get(session)
@@ -184,12 +214,17 @@ class TenureDensity(SessionPolicy):
         scale = self.params["depth_scale_blocks"]
         return 1.0 + (depth / 2.0 / scale if scale > 0 else 0.0)
 
-    def _density(self, life: SessionLife, age: float, depth: int) -> float:
+    def _density(
+        self, life: SessionLife, age: float, depth: int, distance: int, now: float
+    ) -> float:
         bucket = GapSpread.bucket(life.expected_gap_s)
         left = self.spread.residual(bucket, life.expected_gap_s, age)
         if left.survivors == 0 or left.mean_left <= 0:
             return 0.0  # outlived every gap like it: overdue
-        return left.yield_ * self._block_value(depth) / left.mean_left
+        rate = self.rate(now)
+        of = self.yields.of
+        useful = sum(of(distance + rate * (g - age)) for g in left.points) / len(left.points)
+        return useful * self._block_value(depth) / left.mean_left
 
     def session_density(self, session: str, now: float) -> float:
         """Work saved per block-second of holding ``session`` (0: worthless; inf: active)."""
@@ -201,16 +236,20 @@ class TenureDensity(SessionPolicy):
         if life.active:
             return math.inf
         age = max(0.0, now - life.last_activity)
-        return self._density(life, age, self.tier.session_resident.get(session, 0))
+        depth = self.tier.session_resident.get(session, 0)
+        distance = self.clock - self._used_at.get(session, self.clock)
+        return self._density(life, age, depth, distance, now)
 
-    def _incoming_density(self, incoming: str | None, protected: Sequence[Run]) -> float:
+    def _incoming_density(
+        self, incoming: str | None, protected: Sequence[Run], now: float
+    ) -> float:
         if incoming is None:
             return 0.0
         life = self.peek(incoming)
         if life.declared_last or life.finished:
             return 0.0  # its blocks will never be read again
         depth = self.tier.session_resident.get(incoming, 0) + sum(r.blocks for r in protected)
-        return self._density(life, 0.0, depth)
+        return self._density(life, 0.0, depth, 0, now)
 
     # --- the decision ------------------------------------------------------------------------
 
@@ -238,7 +277,7 @@ class TenureDensity(SessionPolicy):
             have += blocks
             if have >= n:
                 return self._evict(order, n)
-        worth = self._incoming_density(incoming, protected)
+        worth = self._incoming_density(incoming, protected, now)
         scored = sorted(
             (self.session_density(s, now), s)
             for s in self._candidates(now, n)

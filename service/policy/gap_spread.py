@@ -16,12 +16,13 @@ Cold start: a bucket with fewer than ``min_samples`` observations answers from a
 point prediction itself (half, one and two times it), so a fresh policy behaves like one that
 trusts the prediction to within a factor of two.
 
-:class:`HitYield` is the second thing a gap decides: what share of a session's host copy its
-next turn actually loads. A copy is useless for the blocks the GPU prefix cache still holds
-when the session comes back (vLLM looks the host tier up from the GPU hit on), and the GPU lets
-go of a session the later the longer it was idle, by an amount that depends on the load. So the
-yield is learned, per half-octave bin of the real gap, from what lookups find (blocks loaded
-over blocks the session held), and the residual query weighs each surviving gap by it.
+:class:`HitYield` is the second thing a policy needs: what share of a session's host copy its
+next turn actually loads. A copy is useless for the blocks the GPU prefix cache still holds when
+the session comes back (vLLM looks the host tier up from the GPU hit on), and the GPU's LRU lets
+go of a session once enough other blocks have been computed after its last use. So the yield is
+learned, per half-octave bin of a distance (the blocks computed between the session's last use
+and its lookup, or the gap in seconds where no such clock is kept), from what lookups find:
+blocks loaded over blocks the session held.
 """
 
 from __future__ import annotations
@@ -29,19 +30,20 @@ from __future__ import annotations
 import math
 from bisect import bisect_right, insort
 from collections import deque
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
 __all__ = ["GapSpread", "HitYield", "Residual"]
 
 
-def _bin(gap: float) -> int:
-    """Half-octave bin of a gap in seconds (everything under 1/8 s in one bin)."""
-    return math.floor(2.0 * math.log2(max(gap, 0.125)))
+def _bin(x: float) -> int:
+    """Half-octave bin of a positive quantity (everything under 1/8 in one bin)."""
+    return math.floor(2.0 * math.log2(max(x, 0.125)))
 
 
 class HitYield:
-    """Share of a held copy the next turn loads, by half-octave bin of the real gap."""
+    """Share of a held copy the next turn loads, by half-octave bin of a distance."""
 
     def __init__(self, window: int = 256, min_samples: int = 8, prior: float = 1.0) -> None:
         self.window = window
@@ -52,11 +54,11 @@ class HitYield:
         #: Bumped on every observation: the residual caches built on the yields check it.
         self.version = 0
 
-    def observe(self, gap: float, share: float) -> None:
-        if gap < 0 or gap != gap or share != share:
+    def observe(self, distance: float, share: float) -> None:
+        if distance < 0 or distance != distance or share != share:
             return
         share = min(1.0, max(0.0, share))
-        key = _bin(gap)
+        key = _bin(distance)
         samples = self._samples.get(key)
         if samples is None:
             samples = self._samples[key] = deque()
@@ -67,8 +69,8 @@ class HitYield:
         self._sums[key] += share
         self.version += 1
 
-    def of(self, gap: float) -> float:
-        key = _bin(gap)
+    def of(self, distance: float) -> float:
+        key = _bin(distance)
         samples = self._samples.get(key)
         if samples is None or len(samples) < self.min_samples:
             return self.prior
@@ -76,34 +78,34 @@ class HitYield:
 
 
 class Residual:
-    """The gaps of one bucket that exceed an age: how many, their mean remaining time, and the
-    mean yield (share of the copy the next turn loads) over them."""
+    """The gaps of one bucket that exceed an age: how many, their mean remaining time, and a
+    few of them evenly spaced by rank (for expectations of a function of the gap)."""
 
-    __slots__ = ("mean_left", "survivors", "total", "yield_")
+    __slots__ = ("mean_left", "points", "survivors", "total")
 
-    def __init__(self, survivors: int, total: int, mean_left: float, yield_: float) -> None:
+    def __init__(
+        self, survivors: int, total: int, mean_left: float, points: Sequence[float]
+    ) -> None:
         self.survivors = survivors
         self.total = total
         self.mean_left = mean_left
-        self.yield_ = yield_
+        self.points = points
 
 
 class GapSpread:
     """Per prediction bucket, the recent real gaps (sorted, with suffix sums for residuals)."""
 
-    def __init__(
-        self, window: int = 512, min_samples: int = 8, yields: HitYield | None = None
-    ) -> None:
-        if window < 1 or min_samples < 1:
-            raise ValueError("window and min_samples must be >= 1")
+    def __init__(self, window: int = 512, min_samples: int = 8, points: int = 16) -> None:
+        if window < 1 or min_samples < 1 or points < 1:
+            raise ValueError("window, min_samples and points must be >= 1")
         self.window = window
         self.min_samples = min_samples
-        self.yields = yields if yields is not None else HitYield()
+        self.points = points
         self._arrival: dict[int, deque[float]] = {}
         self._sorted: dict[int, list[float]] = {}
         # Suffix sums of the sorted gaps, rebuilt lazily after an observation (a query cache:
         # not decision state, so ``fingerprint`` leaves it out by its name).
-        self._suffix_cache: dict[int, tuple[int, list[float], list[float]]] = {}
+        self._suffix_cache: dict[int, list[float]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The suffix sums are a query cache: a copy or a fingerprint leaves them out.
@@ -139,26 +141,25 @@ class GapSpread:
         return len(self._sorted.get(bucket, ()))
 
     def residual(self, bucket: int, predicted: float | None, age: float) -> Residual:
-        """Of the bucket's gaps, those longer than ``age``: their mean ``gap - age`` and yield."""
+        """Of the bucket's gaps, those longer than ``age``: their mean ``gap - age``, and up to
+        ``points`` of them evenly spaced by rank."""
         ordered = self._sorted.get(bucket)
         if ordered is None or len(ordered) < self.min_samples:
             point = predicted if predicted is not None else 0.0
             left = [g for g in (0.5 * point, point, 2.0 * point) if g > age]
             if not left:
-                return Residual(0, 3, 0.0, 0.0)
-            mean = sum(left) / len(left) - age
-            return Residual(len(left), 3, mean, sum(map(self.yields.of, left)) / len(left))
-        cached = self._suffix_cache.get(bucket)
-        if cached is None or cached[0] != self.yields.version:
-            # Suffix sums of the sorted gaps and of their yields: one pass per change.
-            gaps = list(accumulate(reversed(ordered), initial=0.0))[::-1]
-            weights = [self.yields.of(g) for g in ordered]
-            shares = list(accumulate(reversed(weights), initial=0.0))[::-1]
-            cached = (self.yields.version, gaps, shares)
-            self._suffix_cache[bucket] = cached
-        _version, gaps, shares = cached
+                return Residual(0, 3, 0.0, ())
+            return Residual(len(left), 3, sum(left) / len(left) - age, left)
+        suffix = self._suffix_cache.get(bucket)
+        if suffix is None:
+            # suffix[i] = sum(ordered[i:]); one C-level pass per bucket change.
+            suffix = list(accumulate(reversed(ordered), initial=0.0))[::-1]
+            self._suffix_cache[bucket] = suffix
         i = bisect_right(ordered, age)
         survivors = len(ordered) - i
         if survivors == 0:
-            return Residual(0, len(ordered), 0.0, 0.0)
-        return Residual(survivors, len(ordered), gaps[i] / survivors - age, shares[i] / survivors)
+            return Residual(0, len(ordered), 0.0, ())
+        step = max(1, survivors // self.points)
+        # Midpoints of equal-rank slices of the survivors.
+        points = ordered[i + step // 2 :: step]
+        return Residual(survivors, len(ordered), suffix[i] / survivors - age, points)

@@ -10,7 +10,7 @@ import pytest
 
 from tenure.service.policy import EvictionClass, Run, SessionHint
 from tenure.service.policy.density import TenureDensity
-from tenure.service.policy.gap_spread import GapSpread, HitYield
+from tenure.service.policy.gap_spread import GapSpread
 from tests.policy.harness import Harness
 
 
@@ -99,35 +99,59 @@ def test_a_session_past_every_gap_like_it_goes_first_as_overdue() -> None:
     assert g.resident("stale") == 10 and g.resident("far") == 0
 
 
+def _lookup_turn(h: Harness, session: str, now: float, gpu_hit: int) -> int:
+    """A returning request: start, lookup from the GPU hit on, finish; returns the host hit."""
+    seg = h.seg(session)
+    length = h.length[session]
+    h.tier.request_start(session, now)
+    hit = h.tier.lookup([Run(seg, gpu_hit, length)], session=session, now=now)
+    h.tier.access([Run(seg, 0, length)], now + 1.0)
+    h.tier.hint(session, SessionHint(expected_gap_s=30.0), now + 1.0)
+    return hit
+
+
+def test_lookups_teach_the_yield_of_a_held_copy_by_clock_distance() -> None:
+    h = Harness("tenure-density", 1000)
+    h.turn("s", 10, 0.0, gap=30.0)
+    for k in range(8):
+        # The GPU still held the first 6 blocks: the lookup starts past them and finds 4.
+        assert _lookup_turn(h, "s", 100.0 * (k + 1), gpu_hit=6) == 4
+    yields = _density(h).yields
+    assert yields.of(0.0) == pytest.approx(0.4)  # nothing computed in between: distance 0
+    assert yields.of(1000.0) == 1.0  # an unseen distance keeps the prior
+
+
+def test_the_clock_counts_blocks_computed_past_the_gpu_and_host_hits() -> None:
+    h = Harness("tenure-density", 1000)
+    seg = h.seg("s")
+    h.tier.request_start("s", 0.0)
+    assert h.tier.lookup([Run(seg, 3, 20)], session="s", now=0.0) == 0
+    h.tier.store([Run(seg, 0, 20)], "s", 1.0)
+    h.tier.access([Run(seg, 0, 20)], 2.0)
+    h.tier.request_start("s", 10.0)
+    assert h.tier.lookup([Run(seg, 5, 30)], session="s", now=10.0) == 15
+    policy = _density(h)
+    assert policy.clock == 17 + 10
+    assert policy.rate(10.0) == pytest.approx(10 / 10.0)
+
+
 def test_copies_the_gpu_serves_are_worth_nothing_once_lookups_show_it() -> None:
-    """Lookups after ~10 s gaps load none of the copy (the GPU still holds it): sessions waking
-    that soon then rank below one waking in 5 minutes whose copies are loaded."""
+    """Lookups at short clock distances loaded none of the copy (the GPU still held it): a
+    session waking soon is then worth less than one waking later, past the GPU's reach."""
     h = Harness("tenure-density", 20)
     policy = _density(h)
     for _ in range(10):
-        for gap in (5.0, 10.0, 20.0):  # what a 10 s prediction spreads over, cold
-            policy.spread.yields.observe(gap, 0.0)
-        for gap in (150.0, 300.0, 600.0):
-            policy.spread.yields.observe(gap, 1.0)
-    h.turn("soon", 10, 0.0, gap=10.0)
+        for k in range(100):  # every bin up to ~10 blocks
+            policy.yields.observe(0.1 * k, 0.0)
+        for d in (300.0, 600.0, 1200.0, 2400.0):
+            policy.yields.observe(d, 1.0)
+    # About 2 blocks computed per second: "later" will be ~600 blocks away when it is back.
+    policy.clock = 1000
+    policy._ticks.extend([(-500.0, 0), (0.0, 1000)])
+    h.turn("soon", 10, 0.0, gap=1.0)
     h.turn("later", 10, 0.0, gap=300.0)
     h.turn("new", 10, 1.0, gap=300.0)
     assert h.resident("soon") == 0 and h.resident("later") == 10
-
-
-def test_lookups_teach_the_yield_of_a_held_copy() -> None:
-    h = Harness("tenure-density", 100)
-    h.turn("s", 10, 0.0, gap=30.0)
-    seg = h.seg("s")
-    for k in range(8):
-        t = 100.0 * (k + 1)
-        h.tier.request_start("s", t)
-        # The GPU held the first 6 blocks: the lookup starts past them and finds 4 resident.
-        assert h.tier.lookup([Run(seg, 6, 10)], session="s", now=t) == 4
-        h.tier.access([Run(seg, 0, 10)], t + 1.0)
-    yields = _density(h).spread.yields
-    assert yields.of(99.0) == pytest.approx(0.4)
-    assert yields.of(5.0) == 1.0  # an unseen bin keeps the prior
 
 
 def test_a_declared_last_turn_still_reclaims() -> None:
@@ -174,7 +198,7 @@ def test_many_idle_residents_are_sampled_and_decisions_stay_deterministic() -> N
 
 
 def test_cold_spread_trusts_the_prediction_within_a_factor_of_two() -> None:
-    spread = GapSpread(min_samples=8, yields=HitYield())
+    spread = GapSpread(min_samples=8)
     left = spread.residual(GapSpread.bucket(10.0), 10.0, 0.0)
     assert left.survivors == 3 and left.mean_left == pytest.approx(35.0 / 3)
     assert spread.residual(GapSpread.bucket(10.0), 10.0, 25.0).survivors == 0
