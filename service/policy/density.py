@@ -81,8 +81,11 @@ class TenureDensity(SessionPolicy):
         "spread_min_samples": 8.0,
         # Idle residents scored per decision above which a sample is scored instead.
         "sample": 64.0,
-        # Window (seconds) of the allocation clock's rate.
-        "rate_window_s": 300.0,
+        # Window (seconds) of the allocation clock's rate (chosen on the dev split among 60,
+        # 300, 1200 and 3600 s and windows of 12 or 24 lookups: results/ladder/README.md).
+        "rate_window_s": 1200.0,
+        # 0: ignore lookups (the yield stays 1), as where no caller reports them (ablation).
+        "learn_yield": 1.0,
     }
     sweep = {"spread_min_samples": (4.0, 8.0, 32.0)}
 
@@ -160,6 +163,8 @@ class TenureDensity(SessionPolicy):
         self._reindex(session)
 
     def on_lookup(self, session: str, runs: Sequence[Run], hit: int, now: float) -> None:
+        if not self.params["learn_yield"]:
+            return
         held = self._returning.pop(session, None)
         if held is not None:
             distance = self.clock - self._used_at.get(session, self.clock)
