@@ -81,15 +81,27 @@ class Residual:
     """The gaps of one bucket that exceed an age: how many, their mean remaining time, and a
     few of them evenly spaced by rank (for expectations of a function of the gap)."""
 
-    __slots__ = ("mean_left", "points", "survivors", "total")
+    __slots__ = ("_gaps", "_start", "_step", "mean_left", "survivors", "total")
 
     def __init__(
-        self, survivors: int, total: int, mean_left: float, points: Sequence[float]
+        self,
+        survivors: int,
+        total: int,
+        mean_left: float,
+        gaps: Sequence[float] = (),
+        start: int = 0,
+        step: int = 1,
     ) -> None:
         self.survivors = survivors
         self.total = total
         self.mean_left = mean_left
-        self.points = points
+        self._gaps, self._start, self._step = gaps, start, step
+
+    @property
+    def points(self) -> Sequence[float]:
+        """The surviving gaps at the midpoints of equal-rank slices (built only when asked:
+        most decisions never need them)."""
+        return self._gaps[self._start :: self._step]
 
 
 class GapSpread:
@@ -160,6 +172,5 @@ class GapSpread:
         if survivors == 0:
             return Residual(0, len(ordered), 0.0, ())
         step = max(1, survivors // self.points)
-        # Midpoints of equal-rank slices of the survivors.
-        points = ordered[i + step // 2 :: step]
-        return Residual(survivors, len(ordered), suffix[i] / survivors - age, points)
+        mean = suffix[i] / survivors - age
+        return Residual(survivors, len(ordered), mean, ordered, i + step // 2, step)
