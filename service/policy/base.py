@@ -110,6 +110,12 @@ class TierPolicy(ABC):
         the default ignores it.
         """
 
+    def on_lookup(  # noqa: B027
+        self, session: str, runs: Sequence[Run], hit: int, now: float
+    ) -> None:
+        """A request of ``session`` looked the tier up for ``runs`` (its context from the GPU
+        prefix hit on; empty when the GPU holds it all) and found ``hit`` blocks resident."""
+
     def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:  # noqa: B027
         """The tier refused ``session``'s offer of ``runs`` (after ``select_victims`` said no)."""
 

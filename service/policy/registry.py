@@ -33,6 +33,8 @@ _REGISTRY: dict[str, str] = {
     "tenure-tags-off": "tenure.service.policy.gate:TenureTagsOff",
     "tenure-exact-gap": "tenure.service.policy.gate:TenureExactGap",
     "gate-only-literal": "tenure.service.policy.gate:GateOnlyLiteral",
+    "tenure-density": "tenure.service.policy.density:TenureDensity",
+    "tenure-density-exact-gap": "tenure.service.policy.density:TenureDensityExactGap",
     "oracle": "tenure.service.policy.oracle:OraclePolicy",
 }
 

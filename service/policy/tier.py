@@ -103,8 +103,17 @@ class HostTier:
 
     # --- queries ----------------------------------------------------------------------------
 
-    def lookup(self, runs: Sequence[Run]) -> int:
-        """Number of consecutive resident blocks from the start of ``runs`` (a prefix hit)."""
+    def lookup(self, runs: Sequence[Run], *, session: str | None = None, now: float = 0.0) -> int:
+        """Number of consecutive resident blocks from the start of ``runs`` (a prefix hit).
+
+        A pure query; with ``session`` (a request's lookup from its GPU hit on) the policy is
+        told what it found (``on_lookup``)."""
+        hit = self._lookup(runs)
+        if session is not None:
+            self.policy.on_lookup(session, runs, hit, now)
+        return hit
+
+    def _lookup(self, runs: Sequence[Run]) -> int:
         hit = 0
         for seg, start, stop in runs:
             bitmap = self._bitmaps[seg]

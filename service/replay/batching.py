@@ -59,10 +59,12 @@ class Batching:
             if self.sim.accesses is not None:
                 self.sim.accesses.append(req)
             ssd_hit = 0
-            if g >= req.n_blocks:
+            if self.sim.lower is None:
+                sid = self.sim.trace.sessions[req.session].id
+                # Told to the policy even when the GPU holds it all: what a copy yielded.
+                h = self.sim.tier.lookup(slice_runs(req.runs, g), session=sid, now=now)
+            elif g >= req.n_blocks:
                 h = 0
-            elif self.sim.lower is None:
-                h = self.sim.tier.lookup(slice_runs(req.runs, g))
             else:
                 sid = self.sim.trace.sessions[req.session].id
                 h, ssd_hit = self.sim.lower.lookup(req.runs, g, sid, now)

@@ -97,6 +97,9 @@ class Access:
     done_s: float
     gpu_hit: int
     host_hit: int = 0
+    #: When its prefill ended (the last moment vLLM's connector offers its computed blocks);
+    #: read only by the ``vllm_offers`` diagnostic.
+    first_token_s: float = -1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +176,17 @@ def _split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     return [(a, min(hi, a + step)) for a in range(lo, hi, step)]
 
 
-def _intervals(log: Sequence[Access], work: BlockWork, pieces_per_request: int) -> _Intervals:
-    """The LP's intervals and prefix chains, and the work credited free."""
+def _intervals(
+    log: Sequence[Access],
+    work: BlockWork,
+    pieces_per_request: int,
+    hold_across_gpu: bool = False,
+    vllm_offers: bool = False,
+) -> _Intervals:
+    """The LP's intervals and prefix chains, and the work credited free.
+
+    ``hold_across_gpu``, ``vllm_offers``: which uses make a block available again, and from
+    when (the diagnostics of :func:`prefill_bound`)."""
     held: dict[int, _Pieces] = {}
     out = _Intervals()
     for acc in log:
@@ -199,7 +211,19 @@ def _intervals(log: Sequence[Access], work: BlockWork, pieces_per_request: int) 
                         ranges[-1] = (ranges[-1][0], p0 + b - a, avail)
                     else:
                         ranges.append((p0, p0 + b - a, avail))
-            segment.raise_to(start, stop, acc.done_s)
+            # A use makes its blocks available again from its completion; in the diagnostic,
+            # only the blocks it computed or loaded (not those its GPU hit served).
+            renew, when = start, acc.done_s
+            if vllm_offers:
+                # vLLM offers a request's context from 0 when the tier had none of it, else
+                # from past the blocks it loaded; the offers end with its prefill.
+                offered = 0 if acc.host_hit == 0 else acc.gpu_hit + acc.host_hit
+                renew = min(start + max(0, offered - pos), stop)
+                when = acc.first_token_s if acc.first_token_s >= 0 else acc.done_s
+            elif hold_across_gpu:
+                renew = min(lo, stop)
+            if renew < stop:
+                segment.raise_to(renew, stop, when)
             pos += stop - start
         total = sum(q - p for p, q, _a in ranges)
         prev = -1
@@ -225,18 +249,38 @@ def prefill_bound(
     capacity_blocks: int | None,
     work: BlockWork,
     pieces_per_request: int = 1,
+    *,
+    hold_across_gpu: bool = False,
+    vllm_offers: bool = False,
 ) -> Bound:
     """Upper bound on the work a ``capacity_blocks`` host tier saves on ``log`` (see module).
 
     ``capacity_blocks=None``: an unbounded tier (every interval is kept). Each request's
     eligible blocks are cut into about ``pieces_per_request`` LP variables chained in prefix
     order; more pieces tighten the bound (fact 3 is applied to smaller groups), never break it.
+
+    ``hold_across_gpu=True`` is a *diagnostic*, not a bound on every policy: the LP above may
+    drop a block and have it "re-stored" at a use the GPU serves (the use's completion makes it
+    available again), which an online policy cannot plan without knowing the GPU's future. With
+    the flag a GPU-served use does not renew a block's availability: a block that hits at a
+    later GPU-missing use must have been held since the last use that computed or loaded it,
+    across every GPU-served use between. The gap between the two figures is the part of the
+    bound that rests on dropping and re-storing around GPU hits.
+
+    ``vllm_offers=True``, a second diagnostic: a block becomes available only when vLLM's
+    connector could have stored it in this run, i.e. when a request *offered* it (its whole
+    context when the tier had none of it, else only past the blocks it loaded), and from the
+    end of that request's prefill instead of its completion. The LP above credits the running
+    time of every request for free (a block may be stored at its holder's completion) and lets
+    a loaded block be dropped and stored again; vLLM stores during the prefill and never
+    re-offers what it loaded. Both diagnostics read the run's own GPU and host hits, so they
+    describe that run; neither bounds every policy.
     """
     from scipy.optimize import linprog
     from scipy.sparse import csr_array
 
     t0 = time.perf_counter()
-    iv = _intervals(log, work, pieces_per_request)
+    iv = _intervals(log, work, pieces_per_request, hold_across_gpu, vllm_offers)
     n = len(iv.start)
     if capacity_blocks is None:
         whole = iv.free + sum(iv.value)

@@ -27,6 +27,9 @@ class ReplayConfig:
     #: Record the run's accesses and compute the bound on the prefill work its host tier could
     #: have saved (:mod:`tenure.service.replay.bound`; host tier only, ignored with ``tiering``).
     bound: bool = False
+    #: With ``bound``: also the two diagnostics of ``bound.prefill_bound`` (``hold_across_gpu``,
+    #: ``vllm_offers``; ``RunResult.bound_held_work`` and ``bound_vllm_work``).
+    bound_held: bool = False
     #: How a session's end is known: ``declared`` (each session's final turn declares
     #: ``last_turn``, the trace format's rule), ``inferred`` (nothing is declared; a turn the
     #: trace marks ``likely_end``, the sidecar's inference for one-shot harness runs and

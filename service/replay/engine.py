@@ -112,7 +112,10 @@ class _Sim:
 
     def _bound(self, res: RunResult, admitted: list[Request]) -> None:
         sim = self.sim
-        log = [Access(r.runs, r.lookup_s, r.done_s, r.gpu_hit, r.host_hit) for r in admitted]
+        log = [
+            Access(r.runs, r.lookup_s, r.done_s, r.gpu_hit, r.host_hit, r.first_token)
+            for r in admitted
+        ]
         work = block_work(sim.hw, sim.bt)
         res.saved_work = saved_work(log, work)
         # An unbounded tier (``infinite``) is bounded by holding everything.
@@ -121,6 +124,9 @@ class _Sim:
         res.bound_work = bound.work
         res.bound_seconds = bound.seconds
         res.bound_intervals = bound.intervals
+        if sim.config.bound_held:
+            res.bound_held_work = prefill_bound(log, capacity, work, hold_across_gpu=True).work
+            res.bound_vllm_work = prefill_bound(log, capacity, work, vllm_offers=True).work
 
     def run(self) -> RunResult:
         sim, workload, batching = self.sim, self.workload, self.batching

@@ -45,6 +45,10 @@ class RunResult:
     saved_work: float = 0.0
     bound_work: float = float("nan")
     bound_seconds: float = 0.0
+    #: The diagnostics (``ReplayConfig.bound_held``): blocks held across GPU-served uses, and
+    #: blocks available only from vLLM's offers (NaN unless asked for).
+    bound_held_work: float = float("nan")
+    bound_vllm_work: float = float("nan")
     bound_intervals: int = 0
     #: The SSD tier's report (:meth:`tenure.service.replay.tiering.LowerTier.report`), when
     #: modelled.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tenure.service.policy import GapPredictor, HostTier, create_policy, policy_class
@@ -82,7 +82,7 @@ class SimState:
         # one (a compaction, a rewritten last block) and drops the dead tail at once; vLLM's
         # own policies leave it to age out.
         self.drop_dead_tails = cls.hint_source != "none"
-        policy = create_policy(config.policy, config.policy_params)
+        policy = create_policy(config.policy, self._engine_facts(cls.defaults, config))
         capacity = int(config.host_gib * GIB // self.block_bytes)
         self.lower: LowerTierHooks | None = None
         self.tier: HostTier
@@ -116,6 +116,23 @@ class SimState:
         self.accesses: list[Request] | None = (
             [] if config.bound and config.tiering is None else None
         )
+
+    def _engine_facts(
+        self, defaults: Mapping[str, float], config: ReplayConfig
+    ) -> dict[str, float]:
+        """The policy's parameters, with the engine facts it declares filled from the hardware
+        profile unless given: ``depth_scale_blocks`` (the context depth, in blocks, at which a
+        block's attention work equals its dense work: ``params / (2 * layers * width)`` tokens,
+        the ratio of the two terms of :func:`tenure.service.replay.bound.block_work`)."""
+        params = dict(config.policy_params or {})
+        facts = {
+            "depth_scale_blocks": self.hw.params
+            / (2.0 * self.hw.layers * self.hw.attention_width * self.bt),
+        }
+        for key, value in facts.items():
+            if key in defaults and key not in params:
+                params[key] = value
+        return params
 
     def push(self, time: float, kind: int, payload: object) -> None:
         self.seq += 1

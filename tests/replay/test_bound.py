@@ -134,3 +134,54 @@ def test_bound_is_at_least_every_registered_policy_on_a_real_slice(claude_small:
 def test_saved_work_counts_hits_past_the_gpu_prefix() -> None:
     acc = Access((Run(0, 0, 10),), 0.0, 1.0, gpu_hit=3, host_hit=4)
     assert saved_work([acc], WORK) == pytest.approx(WORK.range(3, 7))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_diagnostics_never_exceed_the_bound(seed: int) -> None:
+    """Both diagnostics only take renewals away (or make them later): never above the bound."""
+    rng = random.Random(100 + seed)
+    log = _random_log(rng)
+    log = [
+        Access(a.runs, a.lookup_s, a.done_s, a.gpu_hit, rng.choice([0, 1]), a.lookup_s + 0.05)
+        for a in log
+    ]
+    capacity = rng.randint(1, 3)
+    # Within the LP's tolerance (HiGHS's 1e-7, padded by 1e-6).
+    bound = prefill_bound(log, capacity, WORK).work * (1 + 1e-5)
+    assert prefill_bound(log, capacity, WORK, hold_across_gpu=True).work <= bound
+    assert prefill_bound(log, capacity, WORK, vllm_offers=True).work <= bound
+
+
+def test_holding_across_a_gpu_served_use_costs_the_slot() -> None:
+    """Block a is computed at 0, served by the GPU at 10, missed at 20; block b needs the one
+    slot over [3, 5). The bound renews a at its GPU-served use (stored again at 11) and has
+    both hits; the diagnostic must hold a from 1 to 20, across b's interval: only one fits."""
+    a, b = (Run(0, 0, 1),), (Run(1, 0, 1),)
+    log = [
+        Access(a, 0.0, 1.0, 0),
+        Access(b, 2.0, 3.0, 0),
+        Access(b, 5.0, 6.0, 0),
+        Access(a, 10.0, 11.0, 1),  # the GPU holds it: nothing to load
+        Access(a, 20.0, 21.0, 0),
+    ]
+    one = WORK.range(0, 1)
+    assert prefill_bound(log, 1, WORK).work == pytest.approx(2 * one, rel=1e-5)
+    assert prefill_bound(log, 1, WORK, hold_across_gpu=True).work == pytest.approx(one, rel=1e-5)
+
+
+def test_vllm_offers_renew_only_what_a_request_offered() -> None:
+    """A request that loaded a block (host hit) does not offer it again: a later hit must have
+    held it since the offer before. With another block needing the slot in between, only one
+    of the two hits fits; the bound renews at the loading request's completion and has both."""
+    a, b = (Run(0, 0, 1),), (Run(1, 0, 1),)
+    log = [
+        Access(a, 0.0, 1.0, 0, 0, 0.5),
+        Access(a, 10.0, 11.0, 0, 1, 10.5),  # loaded from the tier: not offered again
+        Access(b, 2.0, 3.0, 0, 0, 2.5),
+        Access(b, 5.0, 6.0, 0, 0, 5.5),
+        Access(a, 20.0, 21.0, 0, 0, 20.5),
+    ]
+    log.sort(key=lambda acc: acc.lookup_s)
+    one = WORK.range(0, 1)
+    assert prefill_bound(log, 1, WORK).work == pytest.approx(2 * one, rel=1e-5)
+    assert prefill_bound(log, 1, WORK, vllm_offers=True).work == pytest.approx(one, rel=1e-5)
