@@ -30,7 +30,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,7 +45,9 @@ from tenure.service.policy.retention_costs import (
 
 __all__ = [
     "COARSE_SCALES",
+    "CRITERIA",
     "RESAMPLES",
+    "Criterion",
     "TimerChoice",
     "check_scale",
     "choose_timer",
@@ -63,6 +65,12 @@ _FINE_STEPS: tuple[int, ...] = (-3, -2, -1, 1, 2, 3)
 #: arrival stream too). 16: as many streams as the seed's branch score averages
 #: (``retention_costs.EPISODE_DRAWS``), where 16 took the stream noise under the sample's.
 RESAMPLES = 16
+
+#: How the candidates' resampled costs are compared: ``mean`` (least expected cost) or
+#: ``regret`` (least worst-case relative regret over the resamples, against the best candidate
+#: of each resample).
+Criterion = Literal["mean", "regret"]
+CRITERIA: tuple[Criterion, ...] = ("mean", "regret")
 
 
 def scale_budget(model: RetentionModel, scale: float | None) -> float | None:
@@ -138,6 +146,7 @@ class _Scorer:
         seed: int,
         episode_len: int,
         mean_prior_s: float | None = None,
+        ages_s: Sequence[float] = (),
     ) -> None:
         import numpy as np  # the replay extra's; only the opt-in timer rule scores
 
@@ -145,6 +154,7 @@ class _Scorer:
         self.lam = lam
         self.evaluator = evaluator
         self.resamples = resamples
+        self._ages = tuple(ages_s)
         self._memo: dict[float | None, np.ndarray] = {}
         w = np.sort(np.asarray(waits, dtype=float))
         self._waits = w
@@ -176,20 +186,31 @@ class _Scorer:
     def _steady(self, timer: float | None) -> np.ndarray:
         import numpy as np
 
-        price, w = self.model.price, self._waits
-        if timer is None:
-            hold = self._cum[:, -1]
-            back = np.ones(self.resamples)
-        else:
-            k = int(np.searchsorted(w, timer, side="right"))  # waits <= timer
-            below = self._cum[:, k - 1] if k > 0 else np.zeros(self.resamples)
-            back = self._cum_w[:, k - 1] if k > 0 else np.zeros(self.resamples)
-            hold = below + timer * (1.0 - back)
-        out = np.empty(self.resamples)
-        for r in range(self.resamples):
-            hit = (1.0 - erlang_b(self.model.slots, self.lam * float(hold[r]))) * float(back[r])
-            out[r] = hit * price.beta2 + (1.0 - hit) * price.beta3
-        return out
+        price = self.model.price
+        back = self._within(timer)[1]
+        # The offered load a context suspending at tier age u meets: lam x E[min(W, T, u)]
+        # (the copies suspended since the tier started empty that still hold a slot); the
+        # long run (no ages) is u = inf, Erlang B's steady state.
+        cap = math.inf if timer is None else timer
+        holds = [self._within(min(cap, u))[0] for u in self._ages] or [self._within(timer)[0]]
+        out = np.zeros(self.resamples)
+        for hold in holds:
+            for r in range(self.resamples):
+                hit = (1.0 - erlang_b(self.model.slots, self.lam * float(hold[r]))) * float(back[r])
+                out[r] += hit * price.beta2 + (1.0 - hit) * price.beta3
+        return out / len(holds)
+
+    def _within(self, timer: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per resample: ``E[min(W, timer)]`` and ``P(W <= timer)`` (``None``, inf: keep)."""
+        import numpy as np
+
+        w = self._waits
+        if timer is None or math.isinf(timer):
+            return self._cum[:, -1], np.ones(self.resamples)
+        k = int(np.searchsorted(w, timer, side="right"))  # waits <= timer
+        below = self._cum[:, k - 1] if k > 0 else np.zeros(self.resamples)
+        back = self._cum_w[:, k - 1] if k > 0 else np.zeros(self.resamples)
+        return below + timer * (1.0 - back), back
 
     def _episode(self, timer: float | None) -> np.ndarray:
         import numpy as np
@@ -236,6 +257,8 @@ def choose_timer(
     episode_len: int | None = None,
     incumbent: float | None = None,
     mean_prior_s: float | None = None,
+    criterion: Criterion = "mean",
+    ages_s: Sequence[float] = (),
 ) -> TimerChoice:
     """The rent-budget scale with the least expected cost on ``waits_s`` at rate ``lam``.
 
@@ -249,6 +272,8 @@ def choose_timer(
     with a smaller mean gets the missing tail far out (:func:`_complete_tail`).
     """
     waits, lam, t2 = check_inputs(model, waits_s, lam, evaluator, resamples, "resamples")
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     if t2 is None or lam == 0:
         return TimerChoice(
             None, lam, None, None, model.price.beta2, model.price.beta2, model.price.beta2,
@@ -257,7 +282,9 @@ def choose_timer(
     n_ep = len(waits) if episode_len is None else episode_len
     if n_ep < 1:
         raise ValueError(f"episode_len must be >= 1, got {episode_len!r}")
-    scorer = _Scorer(model, waits, lam, evaluator, resamples, seed, n_ep, mean_prior_s)
+    if any(not (math.isfinite(u) and u >= 0) for u in ages_s):
+        raise ValueError(f"ages_s must be finite numbers >= 0, got {list(ages_s)!r}")
+    scorer = _Scorer(model, waits, lam, evaluator, resamples, seed, n_ep, mean_prior_s, ages_s)
     tried: list[tuple[float | None, float]] = []
 
     def mean(scale: float | None) -> float:
@@ -279,6 +306,15 @@ def choose_timer(
             value = mean(scale)
             if value < best * (1 - 1e-9):
                 best, best_scale = value, scale
+    if criterion == "regret":
+        import numpy as np
+
+        scales = [sc for sc, _v in tried]
+        table = np.array([scorer.costs(None if sc is None else sc * t2) for sc in scales])
+        regret = (table / table.min(axis=0) - 1.0).max(axis=1)
+        # tried is retain, then longest first: argmin keeps the longer hold on a tie.
+        pick = int(np.argmin(regret))
+        best_scale, best = scales[pick], float(table[pick].mean())
     chosen = scorer.costs(None if best_scale is None else best_scale * t2)
     incumbent = check_scale(incumbent)
     held = scorer.costs(None if incumbent is None else incumbent * t2)
