@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import numpy as np
 
-from tenure.service.policy.host_loss import episode_cost, erlang_b, poisson_arrivals
+from tenure.service.policy.host_loss import episode_cost, poisson_arrivals
 from tenure.service.policy.rent import rent_budget
 from tenure.service.policy.retention_costs import (
     Evaluator,
@@ -111,6 +111,10 @@ class TimerChoice:
     candidates: tuple[tuple[float | None, float], ...] = field(default=())
     #: The expected cost of the scale in use before (``incumbent``), on the same resamples.
     cost_incumbent: float | None = None
+    #: The candidate of least worst-case regret over the resamples, and its expected cost
+    #: (the ``regret`` criterion's choice, whichever criterion chose ``scale``).
+    regret_scale: float | None = None
+    regret_cost: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,6 +130,8 @@ class TimerChoice:
             "resamples": self.resamples,
             "evaluator": self.evaluator,
             "cost_incumbent": self.cost_incumbent,
+            "regret_scale": self.regret_scale,
+            "regret_cost": self.regret_cost,
         }
 
 
@@ -193,12 +199,10 @@ class _Scorer:
         # long run (no ages) is u = inf, Erlang B's steady state.
         cap = math.inf if timer is None else timer
         holds = [self._within(min(cap, u))[0] for u in self._ages] or [self._within(timer)[0]]
-        out = np.zeros(self.resamples)
-        for hold in holds:
-            for r in range(self.resamples):
-                hit = (1.0 - erlang_b(self.model.slots, self.lam * float(hold[r]))) * float(back[r])
-                out[r] += hit * price.beta2 + (1.0 - hit) * price.beta3
-        return out / len(holds)
+        blocked = _erlang_b(self.model.slots, self.lam * np.stack(holds))
+        hit = (1.0 - blocked) * back[None, :]
+        cost: np.ndarray = (hit * price.beta2 + (1.0 - hit) * price.beta3).mean(axis=0)
+        return cost
 
     def _within(self, timer: float | None) -> tuple[np.ndarray, np.ndarray]:
         """Per resample: ``E[min(W, timer)]`` and ``P(W <= timer)`` (``None``, inf: keep)."""
@@ -219,6 +223,20 @@ class _Scorer:
         return np.array(
             [episode_cost(at, order, timer, m.slots, m.price).cost for at, order in self._streams]
         )
+
+
+def _erlang_b(c: int, loads: np.ndarray) -> np.ndarray:
+    """:func:`~tenure.service.policy.host_loss.erlang_b` over an array of offered loads (the
+    same recursion, the same floating-point steps: equal element for element)."""
+    import numpy as np
+
+    a = np.where(loads > 0, loads, 1.0)
+    inv = np.ones_like(a)
+    # A light load's 1/B overflows to inf (B = 0), as the scalar recursion's float does.
+    with np.errstate(over="ignore"):
+        for k in range(1, c + 1):
+            inv = 1.0 + inv * k / a
+    return np.where(loads > 0, 1.0 / inv, 0.0 if c > 0 else 1.0)
 
 
 #: Where the unseen tail's mass is put (multiples of the prior mean): far enough that no
@@ -306,15 +324,17 @@ def choose_timer(
             value = mean(scale)
             if value < best * (1 - 1e-9):
                 best, best_scale = value, scale
-    if criterion == "regret":
-        import numpy as np
+    import numpy as np
 
-        scales = [sc for sc, _v in tried]
-        table = np.array([scorer.costs(None if sc is None else sc * t2) for sc in scales])
-        regret = (table / table.min(axis=0) - 1.0).max(axis=1)
-        # tried is retain, then longest first: argmin keeps the longer hold on a tie.
-        pick = int(np.argmin(regret))
-        best_scale, best = scales[pick], float(table[pick].mean())
+    # The least worst-case regret (relative, against each resample's best candidate) among
+    # the candidates tried: ``tried`` is retain, then longest first, so argmin keeps the
+    # longer hold on a tie.
+    scales = [sc for sc, _v in tried]
+    table = np.array([scorer.costs(None if sc is None else sc * t2) for sc in scales])
+    pick = int(np.argmin((table / table.min(axis=0) - 1.0).max(axis=1)))
+    regret_scale, regret_cost = scales[pick], float(table[pick].mean())
+    if criterion == "regret":
+        best_scale, best = regret_scale, regret_cost
     chosen = scorer.costs(None if best_scale is None else best_scale * t2)
     incumbent = check_scale(incumbent)
     held = scorer.costs(None if incumbent is None else incumbent * t2)
@@ -332,6 +352,8 @@ def choose_timer(
         evaluator,
         tuple(tried),
         float(held.mean()),
+        regret_scale,
+        regret_cost,
     )
 
 

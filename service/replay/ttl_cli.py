@@ -145,7 +145,7 @@ def _families(args: argparse.Namespace, w_ref: float) -> list[Any]:
             _say(
                 f"claude-code: {len(gaps.calibration)} + {len(gaps.heldout)} human-turn gaps "
                 f"(calibration + held-out) from {gaps.sessions} sessions of {trace}, raw mean "
-                f"{gaps.raw_mean_s:.0f} s, scaled to {w_ref:.0f} s"
+                f"{gaps.raw_mean_s:.0f} s, scaled to {w_ref:.0f} s ({args.claude_scaling})"
             )
             out.append(gaps.family(w_ref, args.claude_scaling))
         else:

@@ -50,6 +50,7 @@ from tenure.service.policy.retention_control import (
     OnlineSettings,
 )
 from tenure.service.policy.retention_costs import RetentionModel
+from tenure.service.policy.retention_rule import timer_for_scale
 from tenure.service.replay.ttl_families import WaitFamily
 from tenure.service.replay.ttl_policies import OneShotPolicy, OnlinePolicy
 from tenure.service.replay.ttl_sim import poisson_arrivals, replay_policy, replay_timers
@@ -224,12 +225,9 @@ def _cell_replicate(
     ttls = np.full(len(arrivals), np.inf if ttl_rule is None else ttl_rule)
     costs["rule"] = replay_timers(arrivals, waits, ttls, model.slots, model.price).mean_cost
     # The same sample and resamples, the candidate of least worst-case regret (issue 26,
-    # session 3: the regime between retain and a timer flips on small sample differences).
-    robust = CalibratedTimer(
-        model, lam=lam, calibration_waits_s=calibration, evaluator="episode",
-        resamples=spec.rule_resamples, seed=rep, criterion="regret",
-    )  # fmt: skip
-    ttl_robust = robust.host_ttl()
+    # session 3: between retain and a timer the regime flips on small sample differences).
+    robust_scale = rule.choice.regret_scale
+    ttl_robust = timer_for_scale(model, robust_scale, lam)
     ttls = np.full(len(arrivals), np.inf if ttl_robust is None else ttl_robust)
     costs["rule_robust"] = replay_timers(arrivals, waits, ttls, model.slots, model.price).mean_cost
     rule_est = OneShotPolicy(
@@ -257,7 +255,7 @@ def _cell_replicate(
         "online_final_branch": online_policy.controller.branch,
         "online_switches": online_policy.controller.switches,
         "rule_scale": rule.scale,
-        "rule_robust_scale": robust.scale,
+        "rule_robust_scale": robust_scale,
         "rule_learn_scale": learn.controller.scale,
         "rule_online_scale": fresh.controller.scale,
     }

@@ -157,6 +157,7 @@ def test_a_small_sample_widens_the_choice_and_regret_bounds_the_downside() -> No
     mean = choose_timer(MODEL, waits, lam, resamples=32, criterion="mean")
     robust = choose_timer(MODEL, waits, lam, resamples=32, criterion="regret")
     assert robust.cost >= mean.cost - 1e-12  # the expected cost it gives up
+    assert mean.regret_scale == robust.scale  # every choice carries the robust pick
     with pytest.raises(ValueError, match="criterion"):
         choose_timer(MODEL, waits, lam, criterion="median")  # type: ignore[arg-type]
 
