@@ -56,6 +56,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="which random-weight model to start (demo: tenure up's; tiny: the tests')",
     )  # fmt: skip
     parser.add_argument(
+        "--cpus", type=int, default=0,
+        help="run the engine on this many cores, one torch thread each, the model in its "
+        "EngineCore process (what `tenure up --side-by-side` gives each arm); 0: all cores",
+    )  # fmt: skip
+    parser.add_argument(
         "--block-cost-blocks", type=int, default=32,
         help="context length (blocks) of the recompute-vs-load measurement (0: skip it)",
     )  # fmt: skip
@@ -181,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         + "".join(f"\nnote: {n}" for n in (costs.notes if costs else ()))
     )
     if args.json is not None:
-        doc = {**m.to_dict(), "layout": args.layout}
+        doc = {**m.to_dict(), "layout": args.layout, "cpus": args.cpus or None}
         if costs is not None:
             doc["block_costs"] = costs.to_dict()
         args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
@@ -209,6 +214,8 @@ def _start_engine(args: argparse.Namespace) -> Any:
         layout=args.layout,
         gpu_blocks=gpu,
         host_blocks=4 * gpu,
+        in_process_worker=args.cpus > 0,
+        engine_cpus=tuple(sorted(os.sched_getaffinity(0))[: args.cpus]),
         **ENGINE_DEFAULTS,
     )
     stack = ABStack(config, progress=lambda line: _say(f"calibrate-profile: {line}"))

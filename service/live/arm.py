@@ -15,13 +15,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tenure.service.live.dispatch import DispatchPlan
+from tenure.service.live.dispatch import DispatchPlan, Gate
 from tenure.service.live.driver import Driver, TurnRecord
 from tenure.service.live.stack import ABStack, ABStackConfig
 from tenure.service.live.workload import Workload
 from tenure.service.replay.model import Trace
 
-__all__ = ["ArmResult", "ArmSample", "prepare_stack", "run_arm", "sum_metric"]
+__all__ = [
+    "ArmPlay",
+    "ArmResult",
+    "ArmSample",
+    "prepare_stack",
+    "run_arm",
+    "run_arms_side_by_side",
+    "sum_metric",
+]
 
 Say = Callable[[str], None]
 
@@ -97,73 +105,120 @@ def run_arm(
     sample_s: float = 2.0,
 ) -> ArmResult:
     """Play the slice through ``stack``'s proxy; the figures the report needs."""
-    policy = stack.config.policy
-    seen = [[t.seen_blocks * engine.block_tokens for t in s.turns] for s in engine.sessions]
-    driver = Driver(work, stack.proxy_url, schedule, plan=plan)
-    series: list[ArmSample] = []
+    play = ArmPlay(stack, work, engine, say, Driver(work, stack.proxy_url, schedule, plan=plan))
+    asyncio.run(play.play(tick_s, sample_s))
+    return play.result()
 
-    def sample() -> ArmSample | None:
+
+def run_arms_side_by_side(
+    stacks: list[ABStack],
+    work: Workload,
+    engine: Trace,
+    schedule: list[tuple[float, int]],
+    say: Say,
+    *,
+    plan: DispatchPlan,
+    tick_s: float = 5.0,
+    sample_s: float = 2.0,
+) -> list[ArmResult]:
+    """Play the slice through every stack at once, each call sent to every arm together
+    (one :class:`Gate` for all arms): the figures of each arm, as :func:`run_arm`'s."""
+    gate = Gate(plan, arms=len(stacks))
+    plays = [
+        ArmPlay(s, work, engine, say, Driver(work, s.proxy_url, schedule, gate=gate))
+        for s in stacks
+    ]
+
+    async def everything() -> None:
+        await asyncio.gather(*(p.play(tick_s, sample_s) for p in plays))
+
+    asyncio.run(everything())
+    return [p.result() for p in plays]
+
+
+class ArmPlay:
+    """One arm's play of the slice: its driver, the engine counters sampled as it goes (the
+    plot's series and the progress line), and the figures once it is over."""
+
+    def __init__(
+        self, stack: ABStack, work: Workload, engine: Trace, say: Say, driver: Driver
+    ) -> None:
+        self.stack = stack
+        self.work = work
+        self.say = say
+        self.driver = driver
+        self.policy = stack.config.policy
+        tokens = engine.block_tokens
+        self.seen = [[t.seen_blocks * tokens for t in s.turns] for s in engine.sessions]
+        self.series: list[ArmSample] = []
+        #: Seconds the play took (set when it is over).
+        self.wall_s = 0.0
+        self._last_say = 0.0
+
+    def sample(self) -> ArmSample | None:
         try:
-            metrics = stack.engine_metrics()
+            metrics = self.stack.engine_metrics()
         except (urllib.error.URLError, OSError, ValueError):
             return None
         # Every call sent, in flight included: the engine counts a call's cached tokens when
         # it schedules it, before its answer is in.
-        sent = list(driver.sent)
+        sent = list(self.driver.sent)
         point = ArmSample(
-            driver.now(),
-            len(driver.records),
-            sum(seen[s][k] for s, k in sent),
+            self.driver.now(),
+            len(self.driver.records),
+            sum(self.seen[s][k] for s, k in sent),
             *(
                 sum_metric(metrics, "vllm:prompt_tokens_by_source_total", source=s)
                 for s in _SOURCES
             ),
         )
-        series.append(point)
+        self.series.append(point)
         return point
 
-    total_sessions = len(work.sessions)
-    last_say = [0.0]
-
-    def tick() -> None:
-        point = sample()
-        if point is None or point.t - last_say[0] < tick_s - 1e-6:
+    def _tick(self, tick_s: float) -> None:
+        point = self.sample()
+        if point is None or point.t - self._last_say < tick_s - 1e-6:
             return
-        last_say[0] = point.t
-        state = driver.state
-        say(
-            f"[{policy}] {point.t:5.0f} s: sessions {len(state.started_sessions)}/"
-            f"{total_sessions} started, {len(state.finished_sessions)} finished; turns "
-            f"{state.turns_done}/{work.turns}; host-tier hit rate {point.host_hit_rate:.1%}"
+        self._last_say = point.t
+        state = self.driver.state
+        self.say(
+            f"[{self.policy}] {point.t:5.0f} s: sessions {len(state.started_sessions)}/"
+            f"{len(self.work.sessions)} started, {len(state.finished_sessions)} finished; turns "
+            f"{state.turns_done}/{self.work.turns}; host-tier hit rate {point.host_hit_rate:.1%}"
             + (f"; {state.errors} failed" if state.errors else "")
         )
 
-    say(f"[{policy}] playing {work.describe()} through {stack.proxy_url}")
-    started = time.perf_counter()
-    asyncio.run(driver.run(tick, sample_s))
-    wall = time.perf_counter() - started
-    if stack.uses_adapter:
-        # The adapter reports its counters over the push channel every report interval.
-        time.sleep(2 * stack.config.report_interval_s + 0.5)
-    final = sample()
-    sidecar = stack.sidecar_metrics()
-    engine_metrics = stack.engine_metrics()
-    if final is not None:
-        say(
-            f"[{policy}] done in {wall:.0f} s: {len(driver.records)} turns, host-tier hit rate "
-            f"{final.host_hit_rate:.1%}, {final.computed:.0f} prompt tokens computed"
+    async def play(self, tick_s: float, sample_s: float) -> None:
+        self.say(f"[{self.policy}] playing {self.work.describe()} through {self.stack.proxy_url}")
+        started = time.perf_counter()
+        await self.driver.run(lambda: self._tick(tick_s), sample_s)
+        self.wall_s = time.perf_counter() - started
+
+    def result(self) -> ArmResult:
+        """The arm's figures, once its play is over."""
+        stack, driver, policy, wall = self.stack, self.driver, self.policy, self.wall_s
+        if stack.uses_adapter:
+            # The adapter reports its counters over the push channel every report interval.
+            time.sleep(2 * stack.config.report_interval_s + 0.5)
+        final = self.sample()
+        sidecar = stack.sidecar_metrics()
+        engine_metrics = stack.engine_metrics()
+        if final is not None:
+            self.say(
+                f"[{policy}] done in {wall:.0f} s: {len(driver.records)} turns, host-tier hit "
+                f"rate {final.host_hit_rate:.1%}, {final.computed:.0f} prompt tokens computed"
+            )
+        gate = driver.gate
+        return ArmResult(
+            policy,
+            sorted(driver.records, key=lambda r: (r.session, r.turn)),
+            engine_metrics,
+            sidecar,
+            self.series,
+            wall,
+            stack.logs,
+            stack.proxy_url,
+            stack.engine_url,
+            gate_held_s=gate.held_s if gate is not None else None,
+            gate_forced=gate.forced if gate is not None else None,
         )
-    gate = driver.gate
-    return ArmResult(
-        policy,
-        sorted(driver.records, key=lambda r: (r.session, r.turn)),
-        engine_metrics,
-        sidecar,
-        series,
-        wall,
-        stack.logs,
-        stack.proxy_url,
-        stack.engine_url,
-        gate_held_s=gate.held_s if gate is not None else None,
-        gate_forced=gate.forced if gate is not None else None,
-    )

@@ -103,6 +103,11 @@ def configure_ab(parser: argparse.ArgumentParser) -> None:
         help="send each call when due, not in the simulated run's order (the interleaving, "
         "and with it the GPU prefix-cache hits, then depends on the engine's speed)",
     )  # fmt: skip
+    g.add_argument(
+        "--side-by-side", action="store_true",
+        help="play both arms at once, each engine on a core of its own, every call sent to "
+        "both arms together (pairs of calls meet the same machine load)",
+    )  # fmt: skip
     g.add_argument("--budget-s", type=float, default=None, help="refuse a longer slice")
     g.add_argument("--keep-files", action="store_true", help="keep the work directory")
     g.add_argument(
@@ -205,7 +210,9 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     started = _T0[0] = time.perf_counter()
     work = _load_slice(trace_path, spec)
     etrace = engine_trace(work, ENGINE_DEFAULTS["block_tokens"])
-    profile = engine_profile(args.layout)
+    # Side by side, each arm's engine has one core of its own (its own calibration).
+    cores = 1 if args.side_by_side and not args.free_running else 0
+    profile = engine_profile(args.layout, cores)
     sizing = size_for(
         etrace, profile, arrival_rate=plan.rate, seed=args.seed,
         max_num_seqs=ENGINE_DEFAULTS["max_num_seqs"],
@@ -258,7 +265,13 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
             "once the calls it had finished before it have finished live (one interleaving "
             "for both arms; --free-running to send each call when due)"
         )
-    if args.quick:
+    if args.side_by_side and dispatch is not None:
+        _say(
+            "--side-by-side: both arms' stacks start together and the arms play at once, each "
+            "engine on a core of its own (one torch thread), each call sent to both arms at "
+            "the same moment"
+        )
+    elif args.quick:
         _say(
             "--quick: both arms' stacks start together before the first arm (each arm still "
             "runs on its own fresh engine), and both engines run the model in their EngineCore "
@@ -298,7 +311,7 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
                     "running slower than the simulated one)"
                     + (f"; {forced} calls let go at its patience limit" if forced else "")
                 )
-        costs = block_costs(results, etrace, profile, args.layout)
+        costs = block_costs(results, etrace, profile, args.layout, cores)
         for line in costs["said"]:
             _say(line)
         rows = verdicts.verdict(live, delta, arms)
@@ -326,12 +339,14 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
                     "dtype": "float32",
                     "gpu_blocks": sizing.gpu_blocks,
                     "host_blocks": sizing.host_blocks,
-                    "executor": "uni" if args.quick else "mp",
+                    "executor": "uni" if args.quick or cores else "mp",
+                    "cores_per_engine": cores or None,
                 },
                 "quick": args.quick,
+                "arms": "side by side" if cores else "in turn",
                 "stack_start": (
-                    "together, before the first arm"
-                    if args.quick
+                    "together, before the arms"
+                    if args.quick or cores
                     else "in turn, each after the previous arm's stack stopped"
                 ),
                 "waiting_stacks_cpu_share": {

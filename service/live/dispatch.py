@@ -151,27 +151,42 @@ class Gate:
     """Holds each live call until the :class:`DispatchPlan` lets it go: every call before it
     in the plan's order sent, every call the plan had finished before it finished.
 
+    With ``arms`` > 1 one gate serves every arm of a side-by-side run: a call goes out in all
+    arms at once, when every arm has it due and the plan's conditions hold in every arm (a
+    call counts as finished once it has finished in all of them). So each pair of calls
+    meets the same moment of a shared machine (the same background load, the same other
+    calls in flight), which is what makes a paired per-call difference cancel the machine's
+    noise.
+
     A call held longer than ``patience_s`` goes anyway (and is counted in ``forced``): a plan
     the live run cannot follow must not hang it (at 120 s, three runs at load average ~45
     let 18-21 of 222 calls go early: 300 s). Waiters park on futures that every change
     resolves (no lock held across an await), so cancelling a run cancels its held calls
     cleanly."""
 
-    def __init__(self, plan: DispatchPlan, patience_s: float = 300.0) -> None:
+    def __init__(self, plan: DispatchPlan, patience_s: float = 300.0, arms: int = 1) -> None:
         self._rank = plan.rank()
         self._finished = plan.finished
         self._before = plan.finished_before
         self._patience = patience_s
+        self._arms = arms
         self._next = 0
-        self._done: set[tuple[int, int]] = set()
+        self._arrived: dict[tuple[int, int], int] = {}
+        self._passed: dict[tuple[int, int], int] = {}
+        self._done: dict[tuple[int, int], int] = {}
         self._prefix = 0
         self._waiters: list[asyncio.Future[None]] = []
-        #: Seconds calls spent held beyond their own due time, and calls the limit let go.
+        #: Seconds calls spent held beyond their own due time (summed over calls and arms),
+        #: and calls the limit let go.
         self.held_s = 0.0
         self.forced = 0
 
-    def _ready(self, rank: int, need: int) -> bool:
-        return self._next >= rank and self._prefix >= need
+    def _ready(self, key: tuple[int, int], rank: int, need: int) -> bool:
+        return (
+            self._next >= rank
+            and self._prefix >= need
+            and self._arrived.get(key, 0) + self._passed.get(key, 0) >= self._arms
+        )
 
     def _changed(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -184,21 +199,30 @@ class Gate:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self._patience
-        while not self._ready(rank, need):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                self.forced += 1
-                break
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(fut)
-            await asyncio.wait({fut}, timeout=remaining)
-        self._next = max(self._next, rank + 1)
+        self._arrived[key] = self._arrived.get(key, 0) + 1
+        self._changed()
+        try:
+            while not self._ready(key, rank, need):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.forced += 1
+                    break
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.append(fut)
+                await asyncio.wait({fut}, timeout=remaining)
+        finally:
+            self._arrived[key] -= 1
+        passed = self._passed[key] = self._passed.get(key, 0) + 1
+        if passed >= self._arms:
+            self._next = max(self._next, rank + 1)
         self.held_s += loop.time() - started
         self._changed()
 
     def done(self, key: tuple[int, int]) -> None:
-        self._done.add(key)
+        self._done[key] = self._done.get(key, 0) + 1
         finished = self._finished
-        while self._prefix < len(finished) and finished[self._prefix] in self._done:
+        while (
+            self._prefix < len(finished) and self._done.get(finished[self._prefix], 0) >= self._arms
+        ):
             self._prefix += 1
         self._changed()

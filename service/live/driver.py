@@ -120,6 +120,7 @@ class Driver:
         timeout_s: float = 120.0,
         max_connections: int = 64,
         plan: DispatchPlan | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.work = work
         self.url = proxy_url.rstrip("/") + "/v1/chat/completions"
@@ -137,7 +138,9 @@ class Driver:
         self._client: httpx.AsyncClient | None = None
         self._loop = ClosedLoop(work)
         self.plan = plan
-        self.gate = Gate(plan) if plan is not None else None
+        #: ``gate``: one shared by every arm of a side-by-side run (:class:`Gate` with
+        #: ``arms``); otherwise this arm's own, from ``plan``.
+        self.gate = gate if gate is not None else (Gate(plan) if plan is not None else None)
 
     def now(self) -> float:
         return time.perf_counter() - self._t0

@@ -8,6 +8,7 @@ arm's stack at once and then runs the arms in turn (:func:`_started_together`).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ def run_arms(
     from tenure.service.live.stack import ABStack, ABStackConfig
 
     work, etrace, schedule = played
+    side_by_side = bool(getattr(args, "side_by_side", False)) and plan is not None
+    cpus = sorted(os.sched_getaffinity(0))
     stacks: dict[str, ABStack] = {}
     for i, name in enumerate(arms):
         keep = args.keep_running and i == len(arms) - 1
@@ -48,7 +51,8 @@ def run_arms(
             lru_impl=args.lru_impl,
             layout=args.layout,
             policy_params=params[name],
-            in_process_worker=args.quick,
+            in_process_worker=args.quick or side_by_side,
+            engine_cpus=(cpus[i % len(cpus)],) if side_by_side else (),
             sidecar_env=(
                 {"TENURE_RECORD_ENABLED": "true"}
                 if args.record is not None and i == len(arms) - 1
@@ -65,6 +69,8 @@ def run_arms(
             },
         )
         stacks[name] = ABStack(config, progress=lambda line, n=name: say(f"[{n}] {line}"))
+    if side_by_side:
+        return _side_by_side(args, arms, stacks, played, say, plan)
     if args.quick:
         return _started_together(args, arms, stacks, played, say, plan)
     # One engine at a time: an idle CPU vLLM worker beside a running one was measured spinning
@@ -131,6 +137,44 @@ def _started_together(
         for stack in stacks.values():
             stack.stop()
         raise
+    return results, [stacks[arms[-1]]] if args.keep_running else []
+
+
+def _side_by_side(
+    args: argparse.Namespace,
+    arms: list[str],
+    stacks: dict[str, Any],
+    played: tuple[Any, Any, list[tuple[float, int]]],
+    say: Say,
+    plan: Any,
+) -> tuple[dict[str, Any], list[Any]]:
+    """``--side-by-side``: every arm's stack starts at once, each engine on a core of its own,
+    and the arms play together, each call sent to every arm at the same moment (one gate for
+    all arms, :class:`~tenure.service.live.dispatch.Gate`). Played one after the other, the
+    arms met different moments of a shared machine, and a change of background load between
+    them moved the latency figures by more than the effect; side by side, a pair of calls
+    meets the same load, so the paired per-call differences cancel it."""
+    from tenure.service.live.arm import run_arms_side_by_side
+
+    work, etrace, schedule = played
+    try:
+        for name in arms:
+            stacks[name].launch()
+        for name in arms:
+            stacks[name].wait_ready()
+        played_arms = run_arms_side_by_side(
+            [stacks[n] for n in arms], work, etrace, schedule, say, plan=plan
+        )
+        results = dict(zip(arms, played_arms, strict=True))
+        if args.record is not None:
+            _export_recording(stacks[arms[-1]], args.record, etrace.block_tokens, say)
+    except BaseException:
+        for stack in stacks.values():
+            stack.stop()
+        raise
+    for i, name in enumerate(arms):
+        if not (args.keep_running and i == len(arms) - 1):
+            stacks[name].stop()
     return results, [stacks[arms[-1]]] if args.keep_running else []
 
 

@@ -178,12 +178,16 @@ def engine_speeds(
 
 
 def block_costs(
-    results: Mapping[str, Any], etrace: Trace, profile: HardwareProfile, layout: str
+    results: Mapping[str, Any],
+    etrace: Trace,
+    profile: HardwareProfile,
+    layout: str,
+    cores: int = 0,
 ) -> dict[str, Any]:
     """What recomputing a KV block costs against loading it from the host tier, three ways:
     this run's engine timers, the layout's calibration (``tenure calibrate-profile``'s TTFT
     probe) and the H100 profile's physics at the slice's contexts in trace tokens."""
-    from tenure.service.live.profiles import CALIBRATED_BLOCK_COSTS
+    from tenure.service.live.profiles import CALIBRATED_BLOCK_COSTS, calibration_key
     from tenure.service.replay.hardware import get_profile
 
     bt = etrace.block_tokens
@@ -207,11 +211,12 @@ def block_costs(
             "prefill timer per computed block over the offloading worker's load time per "
             "loaded block; excludes the step a load waits for)"
         )
-    calibrated = CALIBRATED_BLOCK_COSTS.get(layout)
+    calibrated = CALIBRATED_BLOCK_COSTS.get(calibration_key(layout, cores))
     if calibrated is not None:
         out["calibrated"] = calibrated
+        on = f" --cpus {cores}" if cores else ""
         said.append(
-            f"recompute/load, calibrated (`tenure calibrate-profile --layout {layout}`, "
+            f"recompute/load, calibrated (`tenure calibrate-profile --layout {layout}{on}`, "
             f"{calibrated['machine']}): a {calibrated['context_blocks']}-block context's TTFT "
             f"recomputed / loaded from the host tier = {calibrated['ttft_fresh_s'] * 1e3:,.0f} "
             f"/ {calibrated['ttft_host_s'] * 1e3:,.0f} ms = {calibrated['ttft_ratio']:.1f}x"

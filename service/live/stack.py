@@ -91,6 +91,11 @@ class ABStackConfig(StackConfig):
     #: Extra environment of the vLLM server (e.g. ``VLLM_SERVER_DEV_MODE=1`` for its
     #: ``/reset_prefix_cache``).
     engine_env: dict[str, str] = field(default_factory=dict)
+    #: CPUs the engine (its API server, EngineCore and worker, and their threads) may run on,
+    #: with one torch thread per CPU; empty: all of them, torch's default thread count. Arms
+    #: played side by side each get their own core, so neither engine's threads preempt the
+    #: other's (a torch step waits on its slowest thread).
+    engine_cpus: tuple[int, ...] = ()
 
 
 class ABStack(LocalStack):
@@ -188,8 +193,14 @@ class ABStack(LocalStack):
             # CPU platform keeps the ``uni`` executor only where this is off (it forces a
             # worker process otherwise).
             self.engine.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if self.config.engine_cpus:
+            self.engine.env["OMP_NUM_THREADS"] = str(len(self.config.engine_cpus))
         self.engine.env.update(self.config.engine_env)
         self.engine.start()
+        if self.config.engine_cpus and self.engine.process is not None:
+            # Set before the server spawns anything: EngineCore, the worker and every thread
+            # inherit it.
+            os.sched_setaffinity(self.engine.process.pid, self.config.engine_cpus)
 
     def wait_engine(self) -> None:
         from tenure.service.processes import http_ok

@@ -101,6 +101,42 @@ def test_gate_sends_in_plan_order_whatever_order_calls_become_due() -> None:
             assert set(plan.finished[: plan.finished_before[key]]) <= finished
 
 
+def test_a_shared_gate_sends_each_call_to_both_arms_together() -> None:
+    """Side by side (one gate, two arms): a call goes out in both arms at once, whichever arm
+    has it due first, and counts as finished only once both arms finished it."""
+    plan = _toy_plan()
+
+    async def play(seed: int) -> list[tuple[str, int, tuple[int, int]]]:
+        rng = random.Random(seed)
+        gate = Gate(plan, patience_s=10, arms=2)
+        log: list[tuple[str, int, tuple[int, int]]] = []
+
+        async def call(arm: int, key: tuple[int, int]) -> None:
+            await asyncio.sleep(rng.random() * 0.02)  # each arm has it due at its own time
+            await gate.enter(key)
+            log.append(("sent", arm, key))
+            # Arm 1 answers ten times slower: arm 0 must not run ahead of it.
+            await asyncio.sleep(rng.random() * 0.002 * (1 + 9 * arm))
+            log.append(("done", arm, key))
+            gate.done(key)
+
+        await asyncio.gather(*(call(arm, k) for k in plan.sent for arm in (0, 1)))
+        assert gate.forced == 0
+        return log
+
+    for seed in range(20):
+        log = asyncio.run(play(seed))
+        sends = [(arm, k) for kind, arm, k in log if kind == "sent"]
+        # Pairs: both arms' sends of a call come before either arm sends the next one.
+        assert [k for _arm, k in sends] == [k for k in plan.sent for _ in (0, 1)]
+        for key in plan.sent:
+            first = min(i for i, e in enumerate(log) if e[0] == "sent" and e[2] == key)
+            done_both = {
+                k for k in plan.sent if sum(1 for e in log[:first] if e[::2] == ("done", k)) == 2
+            }
+            assert set(plan.finished[: plan.finished_before[key]]) <= done_both
+
+
 def test_gate_lets_a_call_go_at_its_patience_limit() -> None:
     """A plan the run cannot follow (a call that is never sent) does not hang the others."""
     plan = _toy_plan()
