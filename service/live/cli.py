@@ -103,10 +103,16 @@ def configure_ab(parser: argparse.ArgumentParser) -> None:
         help="send each call when due, not in the simulated run's order (the interleaving, "
         "and with it the GPU prefix-cache hits, then depends on the engine's speed)",
     )  # fmt: skip
-    g.add_argument(
-        "--side-by-side", action="store_true",
+    arms = g.add_mutually_exclusive_group()
+    arms.add_argument(
+        "--side-by-side", dest="side_by_side", action="store_true", default=None,
         help="play both arms at once, each engine on a core of its own, every call sent to "
-        "both arms together (pairs of calls meet the same machine load)",
+        "both arms together, so pairs of calls meet the same machine load (the full run's "
+        "default)",
+    )  # fmt: skip
+    arms.add_argument(
+        "--in-turn", dest="side_by_side", action="store_false",
+        help="play the arms one after the other, each engine on every core (--quick's default)",
     )  # fmt: skip
     g.add_argument("--budget-s", type=float, default=None, help="refuse a longer slice")
     g.add_argument("--keep-files", action="store_true", help="keep the work directory")
@@ -210,6 +216,8 @@ def run_ab(args: argparse.Namespace, cache: Path, workdir: Path | None) -> int:
     started = _T0[0] = time.perf_counter()
     work = _load_slice(trace_path, spec)
     etrace = engine_trace(work, ENGINE_DEFAULTS["block_tokens"])
+    if args.side_by_side is None:
+        args.side_by_side = not args.quick
     # Side by side, each arm's engine has one core of its own (its own calibration).
     cores = 1 if args.side_by_side and not args.free_running else 0
     profile = engine_profile(args.layout, cores)
