@@ -47,6 +47,7 @@ from tenure.service.policy.retention_costs import (
 )
 from tenure.service.policy.retention_rule import (
     RESAMPLES,
+    Criterion,
     TimerChoice,
     check_scale,
     choose_timer,
@@ -88,6 +89,10 @@ class RetentionDecision:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Points between now and the horizon at which the timer rule scores the tier's age.
+_AGE_POINTS = 8
 
 
 def _summary(waits: Sequence[float], source: str) -> dict[str, Any]:
@@ -271,12 +276,13 @@ class CalibratedTimer:
         evaluator: Evaluator = "episode",
         resamples: int = RESAMPLES,
         seed: int = 0,
+        criterion: Criterion = "mean",
     ) -> None:
         self.model = model
         self.lam = check_lambda(lam)
         self.choice: TimerChoice = choose_timer(
             model, calibration_waits_s, self.lam, evaluator=evaluator, resamples=resamples,
-            seed=seed,
+            seed=seed, criterion=criterion,
         )  # fmt: skip
         self.scale = self.choice.scale
         self.branch: Branch = "retain" if self.scale is None else "ttl"
@@ -329,6 +335,14 @@ class OnlineSettings:
     #: (:func:`~tenure.service.policy.retention_rule.choose_timer`'s ``mean_prior_s``): waits longer
     #: than the hours a sample was collected over are missing from it.
     tail_prior: bool = True
+    #: The timer rule's planning horizon: the tier's age (seconds since the controller saw
+    #: its first suspension, when the tier was empty) at which its objective ends. ``None``
+    #: (the sidecar's): the long run, Erlang B's steady state. A number: the suspensions
+    #: from now to that age are scored at the tier's age when they come (a tier that started
+    #: empty holds only the copies suspended since; on a heavy tail keeping every copy costs
+    #: far less in its first hours than in steady state). The replay's episode has a known
+    #: end (``requests / lambda``): the objective it scores (issue 26, session 3).
+    horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("period_s",):
@@ -355,6 +369,12 @@ class OnlineSettings:
             raise ValueError("rule must be 'timer' or 'branch'")
         if not (math.isfinite(self.timer_margin) and 0 <= self.timer_margin < 1):
             raise ValueError(f"timer_margin must be in [0, 1), got {self.timer_margin!r}")
+        if self.horizon_s is not None and not (
+            math.isfinite(self.horizon_s) and self.horizon_s > 0
+        ):
+            raise ValueError(
+                f"horizon_s must be a finite number > 0 or None, got {self.horizon_s!r}"
+            )
         if self.resamples < 1:
             raise ValueError(f"resamples must be >= 1, got {self.resamples!r}")
         rate_estimator(self.estimator)  # names a bad spec now, not at the first event
@@ -386,6 +406,8 @@ class OnlineController:
     prior_waits_s: tuple[float, ...] = ()
     #: The timer rule's last choice (what ``/admin/retention`` shows).
     last_choice: TimerChoice | None = None
+    #: When the controller saw its first suspension (the tier's start: its age is scored).
+    started_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.estimator is None:
@@ -406,6 +428,8 @@ class OnlineController:
 
     def observe_suspension(self, now: float) -> None:
         assert self.estimator is not None and self.cohort is not None
+        if self.started_at is None:
+            self.started_at = now
         self.estimator.observe(now)
         self.cohort.suspend(now)
         self.reprice(now)
@@ -521,6 +545,7 @@ class OnlineController:
                 self.model, sample, lam, evaluator=st.evaluator, resamples=st.resamples,
                 seed=self.decisions, incumbent=before,
                 mean_prior_s=self.model.w_ref_s if st.tail_prior else None,
+                ages_s=self._ages(now),
             )  # fmt: skip
             self.last_choice = choice
             held = choice.cost_incumbent if choice.cost_incumbent is not None else math.inf
@@ -551,6 +576,18 @@ class OnlineController:
             None if choice is None else {**choice.to_dict(), "sample": _summary(sample, origin)},
         )  # fmt: skip
 
+    def _ages(self, now: float) -> tuple[float, ...]:
+        """The tier ages the suspensions from now to the horizon meet (evenly spaced
+        points); none (the long run) without a horizon or once the tier is older."""
+        horizon = self.settings.horizon_s
+        if horizon is None or self.settings.evaluator != "steady":
+            return ()
+        age = max(0.0, now - (now if self.started_at is None else self.started_at))
+        if age >= horizon:
+            return ()
+        step = (horizon - age) / _AGE_POINTS
+        return tuple(age + step * (i + 0.5) for i in range(_AGE_POINTS))
+
     # --- persistence ----------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
@@ -566,6 +603,7 @@ class OnlineController:
             "switches": self.switches,
             "rent": self.rent.to_state(),
             "scale": self.scale,
+            "started_at": self.started_at,
         }
 
     @classmethod
@@ -588,4 +626,5 @@ class OnlineController:
             switches=int(state.get("switches", 0)),
             rent=RentClock.from_state(state.get("rent")),
             scale=check_scale(state.get("scale")) if branch == "ttl" else None,
+            started_at=None if state.get("started_at") is None else float(state["started_at"]),
         )

@@ -30,12 +30,12 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import numpy as np
 
-from tenure.service.policy.host_loss import episode_cost, erlang_b, poisson_arrivals
+from tenure.service.policy.host_loss import episode_cost, poisson_arrivals
 from tenure.service.policy.rent import rent_budget
 from tenure.service.policy.retention_costs import (
     Evaluator,
@@ -45,7 +45,9 @@ from tenure.service.policy.retention_costs import (
 
 __all__ = [
     "COARSE_SCALES",
+    "CRITERIA",
     "RESAMPLES",
+    "Criterion",
     "TimerChoice",
     "check_scale",
     "choose_timer",
@@ -63,6 +65,12 @@ _FINE_STEPS: tuple[int, ...] = (-3, -2, -1, 1, 2, 3)
 #: arrival stream too). 16: as many streams as the seed's branch score averages
 #: (``retention_costs.EPISODE_DRAWS``), where 16 took the stream noise under the sample's.
 RESAMPLES = 16
+
+#: How the candidates' resampled costs are compared: ``mean`` (least expected cost) or
+#: ``regret`` (least worst-case relative regret over the resamples, against the best candidate
+#: of each resample).
+Criterion = Literal["mean", "regret"]
+CRITERIA: tuple[Criterion, ...] = ("mean", "regret")
 
 
 def scale_budget(model: RetentionModel, scale: float | None) -> float | None:
@@ -103,6 +111,10 @@ class TimerChoice:
     candidates: tuple[tuple[float | None, float], ...] = field(default=())
     #: The expected cost of the scale in use before (``incumbent``), on the same resamples.
     cost_incumbent: float | None = None
+    #: The candidate of least worst-case regret over the resamples, and its expected cost
+    #: (the ``regret`` criterion's choice, whichever criterion chose ``scale``).
+    regret_scale: float | None = None
+    regret_cost: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +130,8 @@ class TimerChoice:
             "resamples": self.resamples,
             "evaluator": self.evaluator,
             "cost_incumbent": self.cost_incumbent,
+            "regret_scale": self.regret_scale,
+            "regret_cost": self.regret_cost,
         }
 
 
@@ -138,6 +152,7 @@ class _Scorer:
         seed: int,
         episode_len: int,
         mean_prior_s: float | None = None,
+        ages_s: Sequence[float] = (),
     ) -> None:
         import numpy as np  # the replay extra's; only the opt-in timer rule scores
 
@@ -145,6 +160,7 @@ class _Scorer:
         self.lam = lam
         self.evaluator = evaluator
         self.resamples = resamples
+        self._ages = tuple(ages_s)
         self._memo: dict[float | None, np.ndarray] = {}
         w = np.sort(np.asarray(waits, dtype=float))
         self._waits = w
@@ -176,20 +192,29 @@ class _Scorer:
     def _steady(self, timer: float | None) -> np.ndarray:
         import numpy as np
 
-        price, w = self.model.price, self._waits
-        if timer is None:
-            hold = self._cum[:, -1]
-            back = np.ones(self.resamples)
-        else:
-            k = int(np.searchsorted(w, timer, side="right"))  # waits <= timer
-            below = self._cum[:, k - 1] if k > 0 else np.zeros(self.resamples)
-            back = self._cum_w[:, k - 1] if k > 0 else np.zeros(self.resamples)
-            hold = below + timer * (1.0 - back)
-        out = np.empty(self.resamples)
-        for r in range(self.resamples):
-            hit = (1.0 - erlang_b(self.model.slots, self.lam * float(hold[r]))) * float(back[r])
-            out[r] = hit * price.beta2 + (1.0 - hit) * price.beta3
-        return out
+        price = self.model.price
+        back = self._within(timer)[1]
+        # The offered load a context suspending at tier age u meets: lam x E[min(W, T, u)]
+        # (the copies suspended since the tier started empty that still hold a slot); the
+        # long run (no ages) is u = inf, Erlang B's steady state.
+        cap = math.inf if timer is None else timer
+        holds = [self._within(min(cap, u))[0] for u in self._ages] or [self._within(timer)[0]]
+        blocked = _erlang_b(self.model.slots, self.lam * np.stack(holds))
+        hit = (1.0 - blocked) * back[None, :]
+        cost: np.ndarray = (hit * price.beta2 + (1.0 - hit) * price.beta3).mean(axis=0)
+        return cost
+
+    def _within(self, timer: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per resample: ``E[min(W, timer)]`` and ``P(W <= timer)`` (``None``, inf: keep)."""
+        import numpy as np
+
+        w = self._waits
+        if timer is None or math.isinf(timer):
+            return self._cum[:, -1], np.ones(self.resamples)
+        k = int(np.searchsorted(w, timer, side="right"))  # waits <= timer
+        below = self._cum[:, k - 1] if k > 0 else np.zeros(self.resamples)
+        back = self._cum_w[:, k - 1] if k > 0 else np.zeros(self.resamples)
+        return below + timer * (1.0 - back), back
 
     def _episode(self, timer: float | None) -> np.ndarray:
         import numpy as np
@@ -198,6 +223,20 @@ class _Scorer:
         return np.array(
             [episode_cost(at, order, timer, m.slots, m.price).cost for at, order in self._streams]
         )
+
+
+def _erlang_b(c: int, loads: np.ndarray) -> np.ndarray:
+    """:func:`~tenure.service.policy.host_loss.erlang_b` over an array of offered loads (the
+    same recursion, the same floating-point steps: equal element for element)."""
+    import numpy as np
+
+    a = np.where(loads > 0, loads, 1.0)
+    inv = np.ones_like(a)
+    # A light load's 1/B overflows to inf (B = 0), as the scalar recursion's float does.
+    with np.errstate(over="ignore"):
+        for k in range(1, c + 1):
+            inv = 1.0 + inv * k / a
+    return np.where(loads > 0, 1.0 / inv, 0.0 if c > 0 else 1.0)
 
 
 #: Where the unseen tail's mass is put (multiples of the prior mean): far enough that no
@@ -236,6 +275,8 @@ def choose_timer(
     episode_len: int | None = None,
     incumbent: float | None = None,
     mean_prior_s: float | None = None,
+    criterion: Criterion = "mean",
+    ages_s: Sequence[float] = (),
 ) -> TimerChoice:
     """The rent-budget scale with the least expected cost on ``waits_s`` at rate ``lam``.
 
@@ -249,6 +290,8 @@ def choose_timer(
     with a smaller mean gets the missing tail far out (:func:`_complete_tail`).
     """
     waits, lam, t2 = check_inputs(model, waits_s, lam, evaluator, resamples, "resamples")
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     if t2 is None or lam == 0:
         return TimerChoice(
             None, lam, None, None, model.price.beta2, model.price.beta2, model.price.beta2,
@@ -257,7 +300,9 @@ def choose_timer(
     n_ep = len(waits) if episode_len is None else episode_len
     if n_ep < 1:
         raise ValueError(f"episode_len must be >= 1, got {episode_len!r}")
-    scorer = _Scorer(model, waits, lam, evaluator, resamples, seed, n_ep, mean_prior_s)
+    if any(not (math.isfinite(u) and u >= 0) for u in ages_s):
+        raise ValueError(f"ages_s must be finite numbers >= 0, got {list(ages_s)!r}")
+    scorer = _Scorer(model, waits, lam, evaluator, resamples, seed, n_ep, mean_prior_s, ages_s)
     tried: list[tuple[float | None, float]] = []
 
     def mean(scale: float | None) -> float:
@@ -279,6 +324,17 @@ def choose_timer(
             value = mean(scale)
             if value < best * (1 - 1e-9):
                 best, best_scale = value, scale
+    import numpy as np
+
+    # The least worst-case regret (relative, against each resample's best candidate) among
+    # the candidates tried: ``tried`` is retain, then longest first, so argmin keeps the
+    # longer hold on a tie.
+    scales = [sc for sc, _v in tried]
+    table = np.array([scorer.costs(None if sc is None else sc * t2) for sc in scales])
+    pick = int(np.argmin((table / table.min(axis=0) - 1.0).max(axis=1)))
+    regret_scale, regret_cost = scales[pick], float(table[pick].mean())
+    if criterion == "regret":
+        best_scale, best = regret_scale, regret_cost
     chosen = scorer.costs(None if best_scale is None else best_scale * t2)
     incumbent = check_scale(incumbent)
     held = scorer.costs(None if incumbent is None else incumbent * t2)
@@ -296,6 +352,8 @@ def choose_timer(
         evaluator,
         tuple(tried),
         float(held.mean()),
+        regret_scale,
+        regret_cost,
     )
 
 

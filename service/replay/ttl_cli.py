@@ -66,9 +66,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--trace", type=Path, default=None, help="Claude Code trace (human gaps)")
     parser.add_argument(
-        "--claude-scaling", choices=("half", "pooled"), default="half",
-        help="claude-code: scale each half to W_ref by its own mean (default, issue 13's "
-        "family) or both halves by the pooled mean (one time unit)",
+        "--claude-scaling", choices=("pooled", "half"), default="pooled",
+        help="claude-code: scale both halves by the pooled mean (default: one time unit, as "
+        "a deployment sees seconds) or each half to W_ref by its own mean (issue 13's family)",
     )  # fmt: skip
     parser.add_argument("--no-drift", action="store_true", help="skip the non-stationary day")
     parser.add_argument("--drift-replicates", default="3", help="replicates of the drift day")
@@ -145,7 +145,7 @@ def _families(args: argparse.Namespace, w_ref: float) -> list[Any]:
             _say(
                 f"claude-code: {len(gaps.calibration)} + {len(gaps.heldout)} human-turn gaps "
                 f"(calibration + held-out) from {gaps.sessions} sessions of {trace}, raw mean "
-                f"{gaps.raw_mean_s:.0f} s, scaled to {w_ref:.0f} s"
+                f"{gaps.raw_mean_s:.0f} s, scaled to {w_ref:.0f} s ({args.claude_scaling})"
             )
             out.append(gaps.family(w_ref, args.claude_scaling))
         else:
@@ -159,7 +159,14 @@ def run(args: argparse.Namespace) -> int:
     from tenure.service.replay.progress import ProgressBar
     from tenure.service.replay.ttl_drift import DEFAULT_ESTIMATORS, DriftSpec, run_drift
     from tenure.service.replay.ttl_families import synthetic_family
-    from tenure.service.replay.ttl_report import drift_table, plot_ttl, spread_table, table6_table
+    from tenure.service.replay.ttl_report import (
+        drift_table,
+        fine_spread_table,
+        plot_ttl,
+        rule_table,
+        spread_table,
+        table6_table,
+    )
     from tenure.service.replay.ttl_table6 import Table6Spec, run_table6, seed_spread
 
     model = _model(args)
@@ -212,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
     cells = run_table6(spec, bar.update)
     bar.close()
     print(table6_table(cells))
+    print()
+    print(rule_table(cells))
     runs = {seed: cells}
     for extra in spread_seeds:
         bar = ProgressBar(f"table 6, seed {extra}")
@@ -254,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         doc["seed_spread"] = seed_spread(runs)
         print()
         print(spread_table(doc["seed_spread"]))
+        print()
+        print(fine_spread_table(doc["seed_spread"]))
     if not args.no_drift:
         w_ref = model.w_ref_s
         fams = {n: synthetic_family(n, w_ref) for n in ("lognormal", "mixture")}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
+from tenure.service.policy.host_loss import steady_state_cost
 from tenure.service.policy.rent import RentClock
 from tenure.service.policy.retention import PriceVector
 from tenure.service.policy.retention_control import OnlineController, OnlineSettings
@@ -124,3 +126,78 @@ def test_the_first_congested_decision_scores_the_calibration_prior() -> None:
     assert own is not None and own["sample"]["source"] == "observed"
     # Short own waits alone see no tail: a different, shorter-held choice than with the prior.
     assert decision.choice["scale"] != own["scale"]
+
+
+def test_the_rule_picks_the_cost_minimising_timer_of_a_known_law() -> None:
+    """On a known two-point law (a short approval or a wait of hours) the rule's timer costs
+    what the best timer of an independent dense sweep costs (steady state, exact formula)."""
+    waits = [300.0] * 3000 + [5400.0] * 1000  # P(short) 0.75; the long ones never fit a timer
+    lam = 2.5 * CRIT
+    choice = choose_timer(MODEL, waits, lam, resamples=4)
+    assert choice.timer_s is not None
+
+    def exact(ttl: float | None) -> float:
+        return steady_state_cost(waits, lam, ttl, MODEL.slots, MODEL.price)
+
+    sweep = [exact(t) for t in range(60, 20_000, 20)] + [exact(None)]
+    assert exact(choice.timer_s) <= min(sweep) * 1.005
+    # The minimum is a timer that returns the short waits and drops the long ones.
+    assert 300.0 <= choice.timer_s < 5400.0
+
+
+def test_a_small_sample_widens_the_choice_and_regret_bounds_the_downside() -> None:
+    """A small sample leaves more open (the choice's cost spread over the resamples is wider
+    than on a large sample of the same law), and the regret criterion's pick has the least
+    worst-case regret among the candidates, so no more than the expected-cost pick's."""
+    lam = 3 * CRIT
+    small = choose_timer(MODEL, _heavy(60, seed=7), lam, resamples=32)
+    large = choose_timer(MODEL, _heavy(6000, seed=7), lam, resamples=32)
+    assert small.cost_sd > 2 * large.cost_sd
+    waits = _heavy(60, seed=7)
+    mean = choose_timer(MODEL, waits, lam, resamples=32, criterion="mean")
+    robust = choose_timer(MODEL, waits, lam, resamples=32, criterion="regret")
+    assert robust.cost >= mean.cost - 1e-12  # the expected cost it gives up
+    assert mean.regret_scale == robust.scale  # every choice carries the robust pick
+    with pytest.raises(ValueError, match="criterion"):
+        choose_timer(MODEL, waits, lam, criterion="median")  # type: ignore[arg-type]
+
+
+def test_a_young_tier_makes_keeping_cheaper_and_ages_tend_to_steady_state() -> None:
+    """Scored at the ages of a tier that started empty, holding every copy of a heavy tail
+    costs less than in the long run; at ages far beyond every wait the score is steady."""
+    waits = _heavy(2000)
+    lam = 2 * CRIT
+    steady = choose_timer(MODEL, waits, lam, resamples=4)
+    young = choose_timer(MODEL, waits, lam, resamples=4, ages_s=(600.0, 1800.0))
+    old = choose_timer(MODEL, waits, lam, resamples=4, ages_s=(1e9,))
+    assert young.cost_retain < steady.cost_retain
+    assert old.cost_retain == pytest.approx(steady.cost_retain)
+    with pytest.raises(ValueError, match="ages_s"):
+        choose_timer(MODEL, waits, lam, ages_s=(-1.0,))
+
+
+def test_the_controller_scores_up_to_its_horizon_and_keeps_its_start() -> None:
+    """With a horizon the controller scores the tier's ages from its first suspension to the
+    horizon (none past it); the start survives the state round trip."""
+    settings = OnlineSettings(
+        rule="timer", pinned_lambda=3 * CRIT, min_samples=50, horizon_s=7200.0
+    )
+    ctl = OnlineController(MODEL, settings, prior_waits_s=tuple(_heavy(500)))
+    ctl.observe_suspension(100.0)
+    assert ctl.started_at == 100.0
+    young = ctl.decide(1000.0)
+    again = OnlineController.from_state(MODEL, settings, ctl.to_state())
+    assert again.started_at == 100.0
+    steady = OnlineController(
+        MODEL, replace(settings, horizon_s=None), prior_waits_s=tuple(_heavy(500))
+    )
+    steady.observe_suspension(100.0)
+    long_run = steady.decide(1000.0)
+    assert young.choice is not None and long_run.choice is not None
+    assert young.choice["cost_retain"] < long_run.choice["cost_retain"]
+    again.prior_waits_s = tuple(_heavy(500))  # the prior is configuration, not state
+    past = again.decide(100.0 + 8000.0)
+    assert past.choice is not None
+    assert past.choice["cost_retain"] == pytest.approx(long_run.choice["cost_retain"], rel=0.05)
+    with pytest.raises(ValueError, match="horizon_s"):
+        OnlineSettings(horizon_s=0.0)

@@ -116,9 +116,23 @@ def test_claude_code_human_gaps_are_split_by_session() -> None:
     assert len(gaps.calibration) > 1000 and len(gaps.heldout) > 1000
     assert gaps.sessions == 506
     assert 100 < float(np.median(np.concatenate([gaps.calibration, gaps.heldout]))) < 200
-    family = gaps.family(1800.0)
+    # Issue 13's family: each half scaled to W_ref by its own mean.
+    family = gaps.family(1800.0, "half")
     sample = family.sample(50_000, np.random.default_rng(0), "heldout")
     assert sample.mean() == pytest.approx(1800.0, rel=0.1)
+    # The default: one time unit for both halves (the raw ratio of their gaps survives).
+    pooled = gaps.family(1800.0)
+    rng = np.random.default_rng(0)
+    cal = pooled.sample(50_000, rng, "calibration")
+    held = pooled.sample(50_000, rng, "heldout")
+    ratio = float(gaps.calibration.mean() / gaps.heldout.mean())
+    assert float(cal.mean() / held.mean()) == pytest.approx(ratio, rel=0.1)
+    both = (cal.mean() * len(gaps.calibration) + held.mean() * len(gaps.heldout)) / (
+        len(gaps.calibration) + len(gaps.heldout)
+    )
+    assert both == pytest.approx(1800.0, rel=0.1)
+    with pytest.raises(ValueError, match="scaling"):
+        gaps.family(1800.0, "per-half")
 
 
 def test_cli_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
