@@ -267,14 +267,10 @@ class TenureDensity(SessionPolicy):
     ) -> list[Victim] | None:
         if n == 0:
             return []
-        if incoming is not None:
-            life = self.lives.get(incoming)
-            if life is not None and life.refused:
-                return None  # one refusal per request: never leave a hole in a stored prefix
+        if self.refused_already(incoming):
+            return None
         tier = self.tier
-        excluded = {tier.owner(run.seg) for run in protected}
-        if incoming is not None:
-            excluded.add(incoming)
+        excluded = self.excluded(incoming, protected)
         resident = tier.session_resident
         order: list[tuple[str, EvictionClass]] = []
         have = 0

@@ -174,13 +174,25 @@ class SessionPolicy(TierPolicy):
             victims.extend(Victim(r, cls) for r in tier.tail_runs(seg, tier.resident_blocks(seg)))
         return victims
 
-    def candidates(self, incoming: str | None, protected: Sequence[Run]) -> dict[str, int]:
-        """Resident sessions that may lose blocks: not the incoming one, not owning the offer."""
-        tier = self.tier
-        excluded = {tier.owner(run.seg) for run in protected}
+    def excluded(self, incoming: str | None, protected: Sequence[Run]) -> set[str]:
+        """Sessions that may not lose blocks now: the incoming one and those owning the offer."""
+        excluded = {self.tier.owner(run.seg) for run in protected}
         if incoming is not None:
             excluded.add(incoming)
-        return {s: n for s, n in tier.resident_sessions() if s not in excluded}
+        return excluded
+
+    def refused_already(self, incoming: str | None) -> bool:
+        """The incoming request was refused once: one refusal per request, so a stored prefix
+        never gets a hole."""
+        if incoming is None:
+            return False
+        life = self.lives.get(incoming)
+        return life is not None and life.refused
+
+    def candidates(self, incoming: str | None, protected: Sequence[Run]) -> dict[str, int]:
+        """Resident sessions that may lose blocks: not the incoming one, not owning the offer."""
+        excluded = self.excluded(incoming, protected)
+        return {s: n for s, n in self.tier.resident_sessions() if s not in excluded}
 
     def take(self, ordered: Iterable[tuple[str, EvictionClass]], need: int) -> list[Victim]:
         """Victims covering exactly ``need`` blocks from sessions in order, each tail-first."""
