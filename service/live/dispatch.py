@@ -16,6 +16,7 @@ import heapq
 from dataclasses import dataclass
 
 from tenure.service.live.workload import Workload
+from tenure.service.replay.pacing import DispatchPlan, GateRule
 
 __all__ = ["ClosedLoop", "DispatchPlan", "Gate", "plan_dispatch"]
 
@@ -89,26 +90,6 @@ class ClosedLoop:
         return [(wait.ready, session, turn)] if wait.own_done and wait.children == 0 else []
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchPlan:
-    """The order in which a simulated run of the slice sent its calls, and what had finished
-    before each. The live arms send theirs in that order, each only once the calls the
-    simulated engine had finished before it have finished live (:class:`Gate`): the GPU
-    prefix cache's hits, the pool's contention and the host tier's traffic then follow one
-    interleaving in both arms however fast the engine runs on a shared machine (a slower
-    engine only stretches the run; a faster one can still overlap fewer calls)."""
-
-    #: ``(session, turn)`` of every call, in the order they were sent.
-    sent: tuple[tuple[int, int], ...]
-    #: ``(session, turn)`` of every call, in the order they finished.
-    finished: tuple[tuple[int, int], ...]
-    #: Per call: how many of ``finished`` (a prefix) had finished when it was sent.
-    finished_before: dict[tuple[int, int], int]
-
-    def rank(self) -> dict[tuple[int, int], int]:
-        return {key: i for i, key in enumerate(self.sent)}
-
-
 def plan_dispatch(
     work: Workload, schedule: list[tuple[float, int]], durations: dict[tuple[int, int], float]
 ) -> DispatchPlan:
@@ -165,28 +146,13 @@ class Gate:
     cleanly."""
 
     def __init__(self, plan: DispatchPlan, patience_s: float = 300.0, arms: int = 1) -> None:
-        self._rank = plan.rank()
-        self._finished = plan.finished
-        self._before = plan.finished_before
+        self._rule = GateRule(plan, arms)
         self._patience = patience_s
-        self._arms = arms
-        self._next = 0
-        self._arrived: dict[tuple[int, int], int] = {}
-        self._passed: dict[tuple[int, int], int] = {}
-        self._done: dict[tuple[int, int], int] = {}
-        self._prefix = 0
         self._waiters: list[asyncio.Future[None]] = []
         #: Seconds calls spent held beyond their own due time (summed over calls and arms),
         #: and calls the limit let go.
         self.held_s = 0.0
         self.forced = 0
-
-    def _ready(self, key: tuple[int, int], rank: int, need: int) -> bool:
-        return (
-            self._next >= rank
-            and self._prefix >= need
-            and self._arrived.get(key, 0) + self._passed.get(key, 0) >= self._arms
-        )
 
     def _changed(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -195,14 +161,14 @@ class Gate:
                 fut.set_result(None)
 
     async def enter(self, key: tuple[int, int]) -> None:
-        rank, need = self._rank[key], self._before[key]
+        rule = self._rule
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self._patience
-        self._arrived[key] = self._arrived.get(key, 0) + 1
+        rule.arrive(key)
         self._changed()
         try:
-            while not self._ready(key, rank, need):
+            while not rule.ready(key):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     self.forced += 1
@@ -211,18 +177,11 @@ class Gate:
                 self._waiters.append(fut)
                 await asyncio.wait({fut}, timeout=remaining)
         finally:
-            self._arrived[key] -= 1
-        passed = self._passed[key] = self._passed.get(key, 0) + 1
-        if passed >= self._arms:
-            self._next = max(self._next, rank + 1)
+            rule.leave(key)
+        rule.passed(key)
         self.held_s += loop.time() - started
         self._changed()
 
     def done(self, key: tuple[int, int]) -> None:
-        self._done[key] = self._done.get(key, 0) + 1
-        finished = self._finished
-        while (
-            self._prefix < len(finished) and self._done.get(finished[self._prefix], 0) >= self._arms
-        ):
-            self._prefix += 1
+        self._rule.done(key)
         self._changed()

@@ -7,16 +7,17 @@ the simulated engine has the live one's capacities block for block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from tenure.service.replay.config import ReplayConfig
-from tenure.service.replay.engine import simulate
+from tenure.service.replay.engine import simulate, simulate_paced
 from tenure.service.replay.hardware import GIB, HardwareProfile
 from tenure.service.replay.model import Trace
+from tenure.service.replay.pacing import DispatchPlan
 from tenure.service.replay.results import RunResult
 
-__all__ = ["host_gib_for", "profile_for", "run_simulated"]
+__all__ = ["host_gib_for", "profile_for", "run_paced", "run_simulated"]
 
 
 def profile_for(base: HardwareProfile, gpu_blocks: int, block_tokens: int) -> HardwareProfile:
@@ -36,6 +37,27 @@ def host_gib_for(host_blocks: int, block_tokens: int, profile: HardwareProfile) 
     return (host_blocks + 0.5) * block_tokens * profile.kv_bytes_per_token / GIB
 
 
+def _config(
+    trace: Trace,
+    policy: str,
+    profile: HardwareProfile,
+    gpu_blocks: int,
+    host_blocks: int,
+    arrival_rate: float,
+    seed: int,
+    policy_params: Mapping[str, float] | None,
+) -> ReplayConfig:
+    hw = profile_for(profile, gpu_blocks, trace.block_tokens)
+    return ReplayConfig(
+        policy,
+        hw,
+        host_gib_for(host_blocks, trace.block_tokens, hw),
+        arrival_rate,
+        seed,
+        policy_params or None,
+    )
+
+
 def run_simulated(
     trace: Trace,
     policy: str,
@@ -47,13 +69,30 @@ def run_simulated(
     seed: int,
     policy_params: Mapping[str, float] | None = None,
 ) -> RunResult:
-    hw = profile_for(profile, gpu_blocks, trace.block_tokens)
-    config = ReplayConfig(
-        policy,
-        hw,
-        host_gib_for(host_blocks, trace.block_tokens, hw),
-        arrival_rate,
-        seed,
-        policy_params or None,
+    """One arm run freely: each call sent when the slice's closed loop has it due."""
+    config = _config(
+        trace, policy, profile, gpu_blocks, host_blocks, arrival_rate, seed, policy_params
     )
     return simulate(trace, config)
+
+
+def run_paced(
+    trace: Trace,
+    policies: Sequence[str],
+    profile: HardwareProfile,
+    plan: DispatchPlan,
+    *,
+    gpu_blocks: int,
+    host_blocks: int,
+    arrival_rate: float,
+    seed: int,
+    policy_params: Mapping[str, Mapping[str, float]] | None = None,
+) -> list[RunResult]:
+    """The arms held to ``plan`` as the live ones are: one policy is an arm played in turn,
+    several are arms played side by side under one gate (:func:`simulate_paced`)."""
+    params = policy_params or {}
+    configs = [
+        _config(trace, p, profile, gpu_blocks, host_blocks, arrival_rate, seed, params.get(p))
+        for p in policies
+    ]
+    return simulate_paced(trace, configs, plan)

@@ -59,7 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from tenure.service.replay.batching import Batching
@@ -67,12 +67,13 @@ from tenure.service.replay.bound import Access, block_work, prefill_bound, saved
 from tenure.service.replay.config import ReplayConfig
 from tenure.service.replay.hardware import GIB
 from tenure.service.replay.model import Trace
+from tenure.service.replay.pacing import DispatchPlan, GateRule
 from tenure.service.replay.requests import Request
 from tenure.service.replay.results import RunResult, time_weighted_p95
 from tenure.service.replay.sim_state import ARRIVAL, LOAD, STEP, SimState
 from tenure.service.replay.workload import Workload
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "simulate_paced"]
 
 
 class _Sim:
@@ -128,29 +129,43 @@ class _Sim:
             res.bound_held_work = prefill_bound(log, capacity, work, hold_across_gpu=True).work
             res.bound_vllm_work = prefill_bound(log, capacity, work, vllm_offers=True).work
 
-    def run(self) -> RunResult:
+    def start(self) -> None:
+        self.workload.schedule_roots()
+
+    def step(self, pace: _Pace | None = None) -> float:
+        """Handle the next event of the clock (its time returned); with ``pace`` a call that
+        becomes due waits for the dispatch plan (:class:`_Pace`) instead of arriving."""
         sim, workload, batching = self.sim, self.workload, self.batching
-        workload.schedule_roots()
-        heap = sim.heap
-        while heap:
-            now, kind, _seq, payload = heapq.heappop(heap)
-            if kind == STEP:
-                finished = batching.on_step(now, cast(int, payload))
-                if finished is not None:
-                    for req in finished:
-                        workload.complete(req, now)
-                    batching.start_span(now)
-            elif kind == ARRIVAL:
-                session, k = cast(tuple[int, int], payload)
-                workload.on_arrival(now, session, k)
-                batching.poke(now)
-            elif kind == LOAD:
-                batching.on_load(now, cast(Request, payload))
+        now, kind, _seq, payload = heapq.heappop(sim.heap)
+        if kind == STEP:
+            finished = batching.on_step(now, cast(int, payload))
+            if finished is not None:
+                for req in finished:
+                    workload.complete(req, now)
+                    if pace is not None:
+                        pace.rule.done((req.session, req.turn))
+                batching.start_span(now)
+        elif kind == ARRIVAL:
+            session, k = cast(tuple[int, int], payload)
+            if pace is None:
+                self.arrive(now, session, k)
             else:
-                if sim.timer_at is not None and now >= sim.timer_at:
-                    sim.timer_at = None
-                sim.tier.expire(now)
-                sim.arm_timer(now)
+                pace.due(self, (session, k))
+        elif kind == LOAD:
+            batching.on_load(now, cast(Request, payload))
+        else:
+            if sim.timer_at is not None and now >= sim.timer_at:
+                sim.timer_at = None
+            sim.tier.expire(now)
+            sim.arm_timer(now)
+        return now
+
+    def arrive(self, now: float, session: int, k: int) -> None:
+        self.workload.on_arrival(now, session, k)
+        self.batching.poke(now)
+
+    def end(self) -> RunResult:
+        sim, workload, batching = self.sim, self.workload, self.batching
         if sim.waiting or sim.running or batching.loading:
             raise AssertionError("replay ended with requests still queued")
         expected = sum(
@@ -162,6 +177,43 @@ class _Sim:
             raise AssertionError(f"replayed {workload.done_turns} turns of {expected}")
         return self.finish()
 
+    def run(self) -> RunResult:
+        self.start()
+        heap = self.sim.heap
+        while heap:
+            self.step()
+        return self.end()
+
+
+class _Pace:
+    """The arms of :func:`simulate_paced` held to one dispatch plan: a call that becomes due
+    in an arm waits there until the plan's :class:`~tenure.service.replay.pacing.GateRule`
+    lets it go, then arrives in every arm at once (the live gate's rule on the simulated
+    clock)."""
+
+    def __init__(self, rule: GateRule, arms: list[_Sim]) -> None:
+        self.rule = rule
+        self.arms = arms
+        self.held: list[set[tuple[int, int]]] = [set() for _ in arms]
+
+    def due(self, arm: _Sim, key: tuple[int, int]) -> None:
+        if not self.rule.knows(key):
+            raise ValueError(f"call {key} is not in the dispatch plan")
+        self.rule.arrive(key)
+        self.held[self.arms.index(arm)].add(key)
+
+    def release(self, now: float) -> None:
+        rule = self.rule
+        while (key := rule.head()) is not None and rule.ready(key):
+            holders = [i for i, held in enumerate(self.held) if key in held]
+            if not holders:  # pragma: no cover - ready() needs an arm holding the head
+                raise AssertionError(f"the plan's next call {key} is held by no arm")
+            for i in holders:
+                self.held[i].discard(key)
+                rule.leave(key)
+                rule.passed(key)
+                self.arms[i].arrive(now, *key)
+
 
 def simulate(
     trace: Trace, config: ReplayConfig, progress: Callable[[int], None] | None = None
@@ -172,3 +224,34 @@ def simulate(
     if config.host_gib < 0:
         raise ValueError("host_gib must be >= 0")
     return _Sim(trace, config, progress).run()
+
+
+def simulate_paced(
+    trace: Trace, configs: Sequence[ReplayConfig], plan: DispatchPlan
+) -> list[RunResult]:
+    """Replay ``trace`` once per config, every arm held to ``plan`` as ``tenure up``'s live
+    arms are: a call goes out when the plan's :class:`~tenure.service.replay.pacing.GateRule`
+    lets it (every call before it in the plan's order gone, the calls the plan had finished
+    before it finished, and the call due, in every arm), in all arms at once. One config is
+    a live arm played in turn under the plan; two are a side-by-side run, where the arm whose
+    calls finish sooner waits for the other. The arms share one clock (events in time order
+    across arms, a clock tie going to the first arm)."""
+    for config in configs:
+        if config.arrival_rate <= 0:
+            raise ValueError("arrival_rate must be positive")
+    arms = [_Sim(trace, config, None) for config in configs]
+    pace = _Pace(GateRule(plan, len(arms)), arms)
+    for arm in arms:
+        arm.start()
+    while True:
+        nxt: tuple[float, int, int] | None = None
+        for i, arm in enumerate(arms):
+            heap = arm.sim.heap
+            if heap and (nxt is None or (heap[0][0], heap[0][1], i) < nxt):
+                nxt = (heap[0][0], heap[0][1], i)
+        if nxt is None:
+            break
+        pace.release(arms[nxt[2]].step(pace))
+    if any(pace.held):
+        raise AssertionError("the dispatch plan still holds calls at the end of the replay")
+    return [arm.end() for arm in arms]

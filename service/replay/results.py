@@ -24,6 +24,8 @@ class RunResult:
     turn_index: array[int] = field(default_factory=lambda: array("q"))
     ttft_s: array[float] = field(default_factory=lambda: array("d"))
     jct_s: array[float] = field(default_factory=lambda: array("d"))
+    #: When each turn arrived at the engine (sent, on the simulated clock).
+    arrival_s: array[float] = field(default_factory=lambda: array("d"))
     host_hit_tokens: array[int] = field(default_factory=lambda: array("q"))
     reusable_tokens: array[int] = field(default_factory=lambda: array("q"))
     prefill_tokens: array[int] = field(default_factory=lambda: array("q"))
@@ -65,6 +67,7 @@ class RunResult:
         self.turn_index.append(req.turn)
         self.ttft_s.append(req.first_token - req.arrival)
         self.jct_s.append(now - req.arrival)
+        self.arrival_s.append(req.arrival)
         self.host_hit_tokens.append(req.host_hit * bt)
         self.reusable_tokens.append(max(0, seen_blocks - req.gpu_hit) * bt)
         self.prefill_tokens.append(req.prefilled)
