@@ -27,7 +27,7 @@ docs-shots: bootstrap
 	bash scripts/docs_shots.sh
 
 test: lint docs
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
 
 ladder: bootstrap
 	.venv/bin/tenure replay ladder --trace ../shared/traces/claude_code/sessions.jsonl.gz
