@@ -10,6 +10,9 @@ It records every request it receives (headers and JSON body) and behaves by mode
 * ``slow``: answers after ``slow_s`` seconds (upstream timeouts);
 * ``hang``: streams one chunk (or, not streaming, nothing), then waits until the client goes
   away (records the cancellation);
+* ``linger``: streams the whole answer, its finish reason included, then holds the stream
+  open (no ``[DONE]``) until the client goes away: a client that leaves on the answer's end
+  before the engine closes the stream;
 * ``reasoning``: a reasoning model's answer (``message.reasoning`` beside the content) with
   ``usage`` (``reasoning_tokens`` included), counted as :func:`prompt_tokens` renders;
   ``POST /tokenize`` counts a chat prompt the same way (vLLM's route).
@@ -169,6 +172,12 @@ class FakeUpstream:
             await send({"type": "http.response.body", "body": _sse(chunk), "more_body": True})
         last = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
         await send({"type": "http.response.body", "body": _sse(last), "more_body": True})
+        if model == "linger":
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.cancelled.set()
+                    return
         if isinstance(body, dict) and (body.get("stream_options") or {}).get("include_usage"):
             tail = {"choices": [], "usage": usage}
             await send({"type": "http.response.body", "body": _sse(tail), "more_body": True})

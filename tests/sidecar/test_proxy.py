@@ -144,6 +144,44 @@ def test_client_disconnect_cancels_upstream(upstream, sidecar):
     assert fake.cancelled.wait(5.0), "upstream never saw the disconnect"
 
 
+def test_a_client_leaving_after_the_answers_end_had_the_whole_answer(upstream, sidecar):
+    """A client that leaves once the finish reason went by, before the engine ended the stream
+    (Codex's ``exec`` closes on ``response.completed``), got its whole answer: the turn counts
+    as answered, so the last turn it declared ends the session. Cut before the finish reason,
+    the same request leaves the session open (issue 23: under load the race went the client's
+    way and a finished one-shot run was kept as a live session)."""
+    fake, _ = upstream
+
+    def stream_and_leave(model: str, session: str, lines: int) -> None:
+        fake.cancelled.clear()
+        headers = {"X-Tenure-Session": session, "X-Tenure-Last-Turn": "true"}
+        with (
+            httpx.Client(base_url=sidecar.url, timeout=10) as http,
+            http.stream("POST", CHAT, json=_chat(model, stream=True), headers=headers) as reply,
+        ):
+            seen = 0
+            for line in reply.iter_lines():
+                seen += line.startswith("data: ")
+                if seen == lines:
+                    break
+        assert fake.cancelled.wait(10.0), "upstream never saw the disconnect"
+
+    def state(session: str) -> str:
+        with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+
+            def settled() -> str:
+                reply = http.get(f"/v1/sessions/{session}", headers={"X-Tenure-Session": session})
+                found = reply.json().get("state") if reply.status_code == 200 else None
+                return "" if found in (None, "active") else str(found)
+
+            return wait_for(settled, timeout_s=10)
+
+    stream_and_leave("linger", "whole", lines=4)  # three tokens, then the finish reason
+    assert state("whole") == "finished"
+    stream_and_leave("hang", "cut", lines=1)  # one chunk, no finish reason
+    assert state("cut") != "finished"
+
+
 def test_client_disconnect_before_the_answer_cancels_upstream(upstream, sidecar):
     """Not streaming: a client that gives up while the engine works drops the upstream call."""
     fake, _ = upstream

@@ -550,7 +550,12 @@ class Proxy:
                 # Codex within 0.01-0.25 s): taken back, so the retry is the same turn.
                 self.turns.finish(turn, FAILED)
             else:
-                self.turns.finish(turn, OK if outcome == STREAM_DONE else CUT)
+                # A client that leaves once the answer's end went by (Codex's `exec` closes
+                # on `response.completed`, before the engine ends the stream) got the whole
+                # answer: under load that race went the client's way and a finished one-shot
+                # run was kept as a live session (issue 23).
+                whole = outcome == STREAM_DONE or (turn is not None and turn.answered)
+                self.turns.finish(turn, OK if whole else CUT)
 
         self._count(route, status, overhead, resumed)
         return RelayResponse(

@@ -83,6 +83,8 @@ class TurnScan(Protocol):
     tenant: str
     session: str
     stop_reason: str | None
+    #: Set by a stream scanner once the answer's end went by (see ``Turn.answered``).
+    answered: bool
     tool: str | None
     answer_id: str | None
     #: The answer's usage fields, named as the route names them less ``_tokens`` (read only

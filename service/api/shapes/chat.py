@@ -71,6 +71,7 @@ def scan_choices_chunk(turn: TurnScan, chunk: bytes) -> None:
     if b"finish_reason" in chunk:
         for match in _FINISH.finditer(chunk):
             turn.stop_reason = match.group(1).decode()
+            turn.answered = True
     if turn.tool is None and b'"function"' in chunk:
         found = _TOOL_NAME.search(chunk)
         if found is not None:

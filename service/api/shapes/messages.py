@@ -316,6 +316,7 @@ class MessagesShape:
         if b"stop_reason" in chunk:
             for match in _STOP.finditer(chunk):
                 turn.stop_reason = match.group(1).decode()
+                turn.answered = True
         if turn.tool is None and b"tool_use" in chunk:
             found = _TOOL.search(chunk)
             if found is not None:

@@ -195,6 +195,8 @@ class ResponsesShape:
                 turn.stop_reason = "function_call"
                 if turn.tool is None:
                     turn.tool = call.group(1).decode(errors="replace")
+        if b"response.incomplete" in chunk or b"response.completed" in chunk:
+            turn.answered = True
         if turn.stop_reason != "function_call":
             if b"response.incomplete" in chunk:
                 turn.stop_reason = "max_tokens"

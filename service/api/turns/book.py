@@ -63,6 +63,9 @@ class Turn:
     start: TurnStart | Uncounted | None
     counting: asyncio.Task[TurnStart | Uncounted | None] | None = None
     stop_reason: str | None = None
+    #: The stream carried the answer's end (its finish reason or terminal event): a client
+    #: that leaves after it has its whole answer, even before the engine closed the stream.
+    answered: bool = False
     tool: str | None = None
     #: The answer's own id where the API has one (``/v1/responses``), for chaining.
     answer_id: str | None = None
