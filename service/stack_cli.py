@@ -185,6 +185,22 @@ def _run(args: argparse.Namespace) -> int:
     cache = Path(
         args.cache_dir or os.environ.get("TENURE_CACHE_DIR") or Path.home() / ".cache" / "tenure"
     )
+    if args.approvals:
+        from tenure.service.live.approvals import run_approvals
+
+        with _StopSignals() as signals:
+            try:
+                return run_approvals(
+                    args, cache, Path(args.workdir) if args.workdir else None, _say
+                )
+            except StackError as exc:
+                print(f"tenure up: error: {exc}", file=sys.stderr)
+                return 1
+            except _Stopped as stop:
+                _say(f"{signal.Signals(stop.signum).name}: stopped the stack")
+                return 128 + stop.signum
+            finally:
+                signals.stopping()
     if not (args.scripted or args.no_demo):
         from tenure.service.live.cli import run_ab
 
@@ -253,7 +269,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", help="where the tiny model is cached (default TENURE_CACHE_DIR or ~/.cache)"
     )
+    from tenure.service.live.approvals import configure_approvals
     from tenure.service.live.cli import configure_ab
 
     configure_ab(parser)
+    configure_approvals(parser)
     parser.set_defaults(func=_run)

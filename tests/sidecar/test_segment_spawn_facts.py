@@ -245,3 +245,44 @@ def test_the_worker_history_on_a_cluster(live, redis_cluster):
         assert client.hget("{tenure}:segw:default:P", "n") == b"2"
     finally:
         client.close()
+
+
+def test_an_older_answers_late_write_never_puts_the_session_back_a_turn(
+    live, redis_url, monkeypatch
+):
+    """On a loaded machine a request can stop waiting for the previous answer's record
+    (``RECORD_WAIT_S``) and its own answer's record can then be written first; the older
+    write must not land after it. It did: a replayed parent's spawn read the parent three
+    turns behind (``parent_turn`` 220 for 223) in a clean-clone run beside a ladder."""
+    import asyncio
+    import threading
+
+    from tenure.service.api.segments import tracker
+    from tenure.service.state.segment_store import SegmentStore
+
+    monkeypatch.setattr(tracker, "RECORD_WAIT_S", 0.05)  # the wait a busy machine outran
+    real_put = SegmentStore.put
+    slow_done = threading.Event()
+
+    async def slow_put(self: SegmentStore, tenant: str, session: str, raw: bytes, ttl: int) -> None:
+        slow = session == "P" and json.loads(raw)["turn"] == 1
+        if slow:
+            await asyncio.sleep(0.5)
+        await real_put(self, tenant, session, raw, ttl)
+        if slow:
+            slow_done.set()
+
+    monkeypatch.setattr(SegmentStore, "put", slow_put)
+    start, ranker, clock = live
+    http = start()
+    history: list[Any] = [user(1)]
+    first = chat(http, "P", history)
+    assert first.status_code == 200
+    history += [assistant(first.json(), keep_reasoning=False), user(2)]
+    assert chat(http, "P", history).status_code == 200
+    wait_for(slow_done.is_set)
+    # Turn 2's record is the last word on P whichever write finished first.
+    wait_for(lambda: (state_of(redis_url, "default", "P") or {}).get("turn") == 2)
+    clock.now = 1010.0
+    assert http.post("/v1/sessions/P/workers", json={"worker_id": "w1"}).status_code == 201
+    assert ranker.records[-1].parent_turn == 1  # the parent's second call, 0-based

@@ -413,10 +413,10 @@ class SegmentTracker:
     ) -> asyncio.Task[None]:
         """The turn was answered: store what the next turn needs (off the response path; a
         spawn under this session waits for it, see ``_settled``)."""
-        task = asyncio.get_running_loop().create_task(
-            self._record(pending, facts, last_turn, self.clock())
-        )
         key = (pending.tenant, pending.session)
+        task = asyncio.get_running_loop().create_task(
+            self._record_after(self._recording.get(key), pending, facts, last_turn, self.clock())
+        )
         self._recording[key] = task
         task.add_done_callback(lambda t: self._forget_record(key, t))
         return task
@@ -424,6 +424,24 @@ class SegmentTracker:
     def _forget_record(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
         if self._recording.get(key) is task:
             del self._recording[key]
+
+    async def _record_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        pending: PendingTurn,
+        facts: ResponseFacts | None,
+        last_turn: bool,
+        ended_at: float,
+    ) -> None:
+        """Record after the session's previous answer is recorded: one session's writes land
+        in answer order. A request that stopped waiting for the previous record (a loaded
+        machine outran ``RECORD_WAIT_S``) would otherwise have its write overwritten by the
+        older one, putting the session back a turn for every spawn that follows (seen in a
+        run beside a replay ladder: a spawn read its parent three turns behind)."""
+        if previous is not None and not previous.done():
+            # Bounded by the previous write's own Redis timeouts; it never raises (see below).
+            await asyncio.wait({previous})
+        await self._record(pending, facts, last_turn, ended_at)
 
     async def _record(
         self, pending: PendingTurn, facts: ResponseFacts | None, last_turn: bool, ended_at: float
