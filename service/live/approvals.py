@@ -393,11 +393,12 @@ def _plot(results: Sequence[LoadResult], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, live_host, pred_host, live_rec, pred_rec = [], [], [], [], []
+    labels, live_host, live_hbm, pred_host, live_rec, pred_rec = [], [], [], [], [], []
     for r in results:
         for b in sorted(set(r.live) | set(r.predicted)):
-            labels.append(f"{r.load:g}x\n{b}")
+            labels.append(f"{r.load:g}x lambda_crit\n{b} branch")
             live_host.append(r.live.get(b, {}).get("host", 0))
+            live_hbm.append(r.live.get(b, {}).get("hbm", 0))
             live_rec.append(r.live.get(b, {}).get("recomputed", 0))
             pred_host.append(r.predicted.get(b, {}).get("host", 0))
             pred_rec.append(r.predicted.get(b, {}).get("recomputed", 0))
@@ -405,11 +406,16 @@ def _plot(results: Sequence[LoadResult], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     w = 0.2
     ax.bar(x - 1.5 * w, live_host, w, label="host, live", color="tab:green")
-    ax.bar(x - 0.5 * w, pred_host, w, label="host, replay", color="tab:green", alpha=0.45)
+    ax.bar(
+        x - 1.5 * w, live_hbm, w, bottom=live_host, label="GPU cache still held it, live",
+        color="tab:blue",
+    )  # fmt: skip
+    ax.bar(x - 0.5 * w, pred_host, w, label="host, replay (no GPU cache)", color="tab:green",
+           alpha=0.45)  # fmt: skip
     ax.bar(x + 0.5 * w, live_rec, w, label="recomputed, live", color="tab:red")
     ax.bar(x + 1.5 * w, pred_rec, w, label="recomputed, replay", color="tab:red", alpha=0.45)
     ax.set_xticks(x, labels)
-    ax.set_ylabel("resumes")
+    ax.set_ylabel("resumes (of the episodes on the branch)")
     ax.set_title("Real approval gaps through the live stack, per retention branch")
     ax.legend(fontsize=8)
     fig.tight_layout()
