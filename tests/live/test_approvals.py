@@ -22,9 +22,10 @@ from tenure.service.live.approvals import (
     episode_waits,
     predict,
 )
+from tenure.service.replay.paths import claude_code_trace
 from tenure.service.replay.ttl_families import human_turn_gaps
 
-TRACE = Path(__file__).resolve().parents[2] / "../shared/traces/claude_code/sessions.jsonl.gz"
+TRACE = claude_code_trace()
 
 
 def _episode(at: float, wait: float, ttl: float | None, reason: str = "") -> Episode:
