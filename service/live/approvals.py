@@ -345,7 +345,7 @@ def configure_approvals(parser: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> ApprovalSpec:
-    from tenure.service.live.cli import DEFAULT_TRACE
+    from tenure.service.replay.paths import claude_code_trace
 
     try:
         loads = tuple(float(x) for x in str(args.approval_loads).split(",") if x.strip())
@@ -353,7 +353,7 @@ def _spec(args: argparse.Namespace) -> ApprovalSpec:
         raise UsageError(
             f"--approval-loads: expected numbers like 0.5,3, got {args.approval_loads!r}"
         ) from None
-    trace = args.trace or DEFAULT_TRACE
+    trace = args.trace or claude_code_trace()
     if not Path(trace).is_file():
         raise UsageError(f"--trace: {trace} is not a file")
     return ApprovalSpec(
