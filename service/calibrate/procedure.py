@@ -220,6 +220,14 @@ def calibrate(
         beta2 = plan.beta2_gpu_s
     else:
         beta2 = plan.ranks * max(0.0, statistics.median(extra))
+    if plan.beta2_gpu_s is not None and beta3 < beta2:
+        # The allowance is the operator's, the recompute this engine's: say which to change
+        # (the seed's 0.02 GPU-s is an H100 figure, about a small model's whole recompute).
+        raise EngineError(
+            f"the measured recompute, beta3 {beta3:.4g} GPU-s, is below the --beta2 allowance "
+            f"{beta2:.4g} GPU-s: pass an allowance scaled to this engine, or leave --beta2 out "
+            "to measure the host resume"
+        )
     try:
         price = PriceVector(alpha1=alpha1, beta2=beta2, beta3=beta3)
     except ValueError as exc:

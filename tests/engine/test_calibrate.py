@@ -134,3 +134,8 @@ def test_calibrate_bad_input_is_one_line_exit_2(
         assert main(["calibrate", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1, err
+    # An allowance above any recompute this engine measures: after the repeats' progress, one
+    # line names it and what to do.
+    assert main(["calibrate", "--engine", engine_url, "--repeats", "1", "--beta2", "100"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "below the --beta2 allowance 100 GPU-s" in last, last
