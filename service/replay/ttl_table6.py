@@ -62,6 +62,7 @@ __all__ = [
     "FIXED_TIMERS",
     "SEED_TABLE6",
     "Table6Spec",
+    "fine_costs",
     "run_table6",
     "seed_spread",
 ]
@@ -172,11 +173,12 @@ def _fixed_costs(
     return out
 
 
-def _fine_costs(spec: Table6Spec, arrivals: np.ndarray, waits: np.ndarray) -> dict[str, float]:
+def fine_costs(model: RetentionModel, arrivals: np.ndarray, waits: np.ndarray) -> dict[str, float]:
+    """Mean GPU-s per suspended context of every :data:`FINE_TIMERS` timer on one episode."""
     at, w = arrivals.tolist(), waits.tolist()
-    m = spec.model
     return {
-        name: episode_cost(at, w, ttl, m.slots, m.price).cost for name, ttl in FINE_TIMERS.items()
+        name: episode_cost(at, w, ttl, model.slots, model.price).cost
+        for name, ttl in FINE_TIMERS.items()
     }
 
 
@@ -246,7 +248,7 @@ def _cell_replicate(
     costs["rule_learn"] = replay_policy(arrivals, waits, learn, model.slots, model.price).mean_cost
     fresh = OnlinePolicy(OnlineController(model, rule_settings))
     costs["rule_online"] = replay_policy(arrivals, waits, fresh, model.slots, model.price).mean_cost
-    fine = _fine_costs(spec, arrivals, waits)
+    fine = fine_costs(spec.model, arrivals, waits)
     costs.update({f"fine:{k}": v for k, v in fine.items()})
     lam_est = np.array([lam_i for _at, lam_i in est_policy.lam_errors])
     info = {

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tenure.service.policy.host_loss import episode_cost
 from tenure.service.policy.platforms import get_platform
 from tenure.service.policy.retention_control import OnlineSettings
 from tenure.service.policy.retention_costs import RetentionModel
@@ -46,12 +45,11 @@ from tenure.service.policy.retention_rule import timer_for_scale
 from tenure.service.replay.paths import claude_code_trace
 from tenure.service.replay.ttl_families import FAMILY_NAMES, WaitFamily, human_turn_gaps
 from tenure.service.replay.ttl_sim import poisson_arrivals, replay_timers
-from tenure.service.replay.ttl_table6 import FINE_TIMERS
+from tenure.service.replay.ttl_table6 import FINE_TIMERS, fine_costs
 
 __all__ = [
     "TransferRow",
     "blind_start_cost",
-    "fine_costs",
     "first_decision_s",
     "law_choice",
     "main",
@@ -79,15 +77,6 @@ class TransferRow:
     #: Per base seed: the blind start's gain, and the share of contexts it started blind.
     blind_gain: tuple[float, ...]
     blind_share: tuple[float, ...]
-
-
-def fine_costs(model: RetentionModel, arrivals: np.ndarray, waits: np.ndarray) -> dict[str, float]:
-    """Mean GPU-s per suspended context of every fine-grid timer on one episode."""
-    at, w = arrivals.tolist(), waits.tolist()
-    return {
-        name: episode_cost(at, w, ttl, model.slots, model.price).cost
-        for name, ttl in FINE_TIMERS.items()
-    }
 
 
 def first_decision_s(arrivals: np.ndarray, waits: np.ndarray, settings: OnlineSettings) -> float:
