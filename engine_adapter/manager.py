@@ -183,6 +183,7 @@ class TenureOffloadingManager(CPUOffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         spec = super().prepare_load(keys, req_context)
         if self.tenure is not None:
+            self.tenure.request_loads(req_context)
             self.tenure.resumes.loaded(keys, req_context)
             stats = self.tenure.stats
             stats["loads"] += 1

@@ -257,11 +257,17 @@ class TenureCachePolicy(CachePolicy):
         if locs:
             self.tier.touch(merge_locs(locs), now, pending=merge_locs(sorted(pending)))
 
+    def request_loads(self, req_context: ReqContext) -> None:
+        """Tenure's manager prepares a load for the request: the engine admitted it."""
+        now = self._clock()
+        self.requests.admit(self.requests.request(req_context, now, infer=False), now)
+
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         """vLLM 0.33: the request used ``keys`` (a load, or the held part of a store) before
         finishing; policies with request-scoped ranks (its LRU) order them now."""
         now = self._clock()
         info = self.requests.request(req_context, now, infer=False)
+        self.requests.admit(info, now)  # it loads or stores: the engine runs it
         loc_of = self.key_map.loc.get
         locs = sorted(loc for k in keys if (loc := loc_of(k)) is not None)
         self.tier.request_access(info.serial, merge_locs(locs), now)

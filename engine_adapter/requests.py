@@ -41,6 +41,8 @@ class RequestInfo:
     seg: int = -1
     next_index: int = 0
     started: bool = False
+    #: The engine admitted the request (its first load or store): the core was told.
+    admitted: bool = False
     inserted: list[OffloadKey] = field(default_factory=list)
     #: The last offer the gate refused, as (new blocks, last new key): vLLM re-offers a
     #: refused range at every engine step, and a repeat is not counted as another refusal.
@@ -111,6 +113,13 @@ class Requests:
         if not info.started:
             self._start(info, now)
         return info
+
+    def admit(self, info: RequestInfo, now: float) -> None:
+        """The engine runs the request (it loads or stores): tell the core once, so that from
+        now on its session's copy is off limits (queued, it may give way to a denser store)."""
+        if not info.admitted and info.session is not None and info.started:
+            info.admitted = True
+            self.tier.request_admitted(info.session, now)
 
     def _infer_session(self, ctx: ReqContext | None) -> str:
         """Prefix-chain inference for untagged requests.

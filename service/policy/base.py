@@ -134,6 +134,10 @@ class TierPolicy(ABC):
     def on_request_start(self, session: str, now: float) -> None:  # noqa: B027
         """A request of ``session`` arrived (it is active until its turn ends)."""
 
+    def on_request_admitted(self, session: str, now: float) -> None:  # noqa: B027
+        """The engine admitted ``session``'s request: its lookup is behind it, and from now
+        on it loads or computes (between arrival and this it waits in the engine's queue)."""
+
     # --- decisions ------------------------------------------------------------------------
 
     @abstractmethod

@@ -37,12 +37,23 @@ Decisions, with the gate's invariants kept:
 * Then idle residents by ascending density, each tail first (a session's head is kept when its
   whole does not fit). A resident is displaced only by a store *denser* than it (the gate's
   "only by a sooner wake-up", with density as the yardstick); otherwise the store is refused.
-* Active sessions (a request in flight) are never victims.
+* A session whose request was admitted (it loads or computes) is never a victim. One whose
+  request still waits in the engine's queue is scored as the incoming store is (at age 0,
+  from its expected gap) and may be displaced by a denser store (``evict_waiting``).
 
 Cost: the residents' densities change with time, so there is no static order to index. A
 decision scores the idle residents, or, above ``sample`` of them, a deterministic sample of
 ``sample`` (LHD's own answer: sampling a few candidates loses little), so its cost does not
 grow with the number of sessions.
+
+Measured and kept: ``evict_waiting`` (session 7, chosen on the dev seeds 10-13). Under load
+the engine's queue is long, and a queued session's host copy, protected until its admission,
+holds the tier for the whole wait while denser stores of running sessions are refused. Scored
+like the store that would displace it, a shallow copy of a session that will be idle long
+after this turn gives way to a deep one due back in seconds. p95 on the dev seeds: acceptance
+point 224.7 -> 156.4 s, saturated 1,669.5 -> 1,512.4 s, A100 163.9 -> 150.5 s; the same rule
+for admitted (computing) sessions made it worse (+18.9 s), and evicting queued copies first
+regardless of density far worse (+111 s): results/ladder/README.md.
 
 Measured and dropped: a fixed allocation-clock threshold (a session leaves the GPU once
 ``gpu_blocks`` blocks were computed after its last use) made it worse on the dev split (the
@@ -87,6 +98,9 @@ class TenureDensity(SessionPolicy):
         "rate_window_s": 1200.0,
         # 0: ignore lookups (the yield stays 1), as where no caller reports them (ablation).
         "learn_yield": 1.0,
+        # 1: a session whose request waits for admission is a candidate victim, scored as the
+        # incoming store (0: every session with a request in flight is protected; ablation).
+        "evict_waiting": 1.0,
     }
     sweep = {"spread_min_samples": (4.0, 8.0, 32.0)}
 
@@ -105,9 +119,12 @@ class TenureDensity(SessionPolicy):
         # A returning session's blocks held when its request started, until its lookup says
         # how many of them it loaded.
         self._returning: dict[str, int] = {}
-        # Idle sessions holding blocks: a list for O(1) sampling, and positions into it.
+        # Candidate victims holding blocks (idle sessions, and with ``evict_waiting`` the
+        # queued ones): a list for O(1) sampling, and positions into it.
         self._idle: list[str] = []
         self._idle_pos: dict[str, int] = {}
+        # Sessions whose request in flight was admitted (loads or computes: protected).
+        self._admitted: set[str] = set()
         self._finished: dict[str, None] = {}
         # The prediction bucket a session went idle under, for the gap it is now in.
         self._idle_bucket: dict[str, int] = {}
@@ -123,9 +140,15 @@ class TenureDensity(SessionPolicy):
                 self._idle_pos[last] = pos
         self._finished.pop(session, None)
 
+    def _queued(self, session: str) -> bool:
+        """Its request waits for admission and may lose blocks (``evict_waiting``)."""
+        return bool(self.params["evict_waiting"]) and session not in self._admitted
+
     def _reindex(self, session: str) -> None:
         life = self.lives.get(session)
-        if self.tier.session_resident.get(session, 0) <= 0 or (life is not None and life.active):
+        if self.tier.session_resident.get(session, 0) <= 0 or (
+            life is not None and life.active and not self._queued(session)
+        ):
             self._drop(session)
         elif life is not None and life.finished:
             self._drop(session)
@@ -146,12 +169,19 @@ class TenureDensity(SessionPolicy):
             held = self.tier.session_resident.get(session, 0)
             if held > 0 and session in self._used_at:
                 self._returning[session] = held
+        self._admitted.discard(session)
         super().on_request_start(session, now)
+        self._drop(session)  # from the finished or idle books; back in as queued if it may
+        self._reindex(session)
+
+    def on_request_admitted(self, session: str, now: float) -> None:
+        self._admitted.add(session)
         self._drop(session)
 
     def on_access(
         self, session: str, runs: Sequence[Run], inserted: Sequence[Run], now: float
     ) -> None:
+        self._admitted.discard(session)
         super().on_access(session, runs, inserted, now)
         self._returning.pop(session, None)
         self._used_at[session] = self.clock
@@ -207,6 +237,7 @@ class TenureDensity(SessionPolicy):
         self._idle_bucket.pop(session, None)
         self._returning.pop(session, None)
         self._used_at.pop(session, None)
+        self._admitted.discard(session)
 
     def _note_idle(self, session: str) -> None:
         life = self.lives.get(session)
@@ -236,14 +267,18 @@ class TenureDensity(SessionPolicy):
         return useful * self._block_value(depth) / left.mean_left
 
     def session_density(self, session: str, now: float) -> float:
-        """Work saved per block-second of holding ``session`` (0: worthless; inf: active)."""
+        """Work saved per block-second of holding ``session`` (0: worthless; inf: a request in
+        flight that may not be displaced)."""
         life = self.lives.get(session)
         if life is None:
             return 0.0  # blocks of a session that never made a request: nothing to go by
         if life.finished:
             return 0.0
         if life.active:
-            return math.inf
+            if not self._queued(session):
+                return math.inf
+            # Queued: scored as the incoming store is (what its copy is worth after this turn).
+            return self._incoming_density(session, (), now)
         age = max(0.0, now - life.last_activity)
         depth = self.tier.session_resident.get(session, 0)
         distance = self.clock - self._used_at.get(session, self.clock)

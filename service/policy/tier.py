@@ -265,6 +265,10 @@ class HostTier:
     def request_start(self, session: str, now: float) -> None:
         self.policy.on_request_start(session, now)
 
+    def request_admitted(self, session: str, now: float) -> None:
+        """The engine admitted ``session``'s request (it leaves the queue: loads or computes)."""
+        self.policy.on_request_admitted(session, now)
+
     def hint(self, session: str, hint: SessionHint, now: float) -> list[Victim]:
         """Pass lifecycle news to the policy, then drop whatever became due (e.g. reclaim)."""
         self.policy.on_hint(session, hint, now)

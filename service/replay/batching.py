@@ -56,6 +56,7 @@ class Batching:
             self.sim.waiting.popleft()
             req.gpu_hit = g
             req.lookup_s = now
+            self.sim.tier.request_admitted(self.sim.trace.sessions[req.session].id, now)
             if self.sim.accesses is not None:
                 self.sim.accesses.append(req)
             ssd_hit = 0

@@ -150,7 +150,9 @@ def test_untagged_continuation_is_inferred_by_prefix_chain():
     check_books(manager)
 
 
-@pytest.mark.parametrize("policy_name", ["tenure", "tenure-lru", "tenure-tags-off", "ttl"])
+@pytest.mark.parametrize(
+    "policy_name", ["tenure", "tenure-lru", "tenure-tags-off", "ttl", "tenure-density"]
+)
 def test_random_traffic_keeps_books_consistent(policy_name):
     rng = random.Random(policy_name)
     manager = tenure_manager(capacity=24, policy=policy_name)
@@ -228,3 +230,50 @@ def test_vllm_033_insert_with_request_context_maps_the_key_to_its_session() -> N
     assert policy.resident_blocks("s-033") == 3
     policy.insert(key(8, 0), ChunkStatus(9))  # the 0.32 signature still works
     assert len(policy.chunks) == 4
+
+
+def _start(manager: Any, req_id: str, keys: list[Any], tags: dict[str, Any]) -> Any:
+    """A request reaches the scheduler (``on_new_request``) and waits in its queue."""
+    ctx = make_ctx(req_id, [], tags)
+    manager.on_new_request(ctx)
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, (i + 1) * BLOCK)
+    return ctx
+
+
+def _resident(manager: Any, keys: list[Any]) -> int:
+    return sum(manager.lookup(k, make_ctx("probe", [], None)).name == "HIT" for k in keys)
+
+
+@pytest.mark.parametrize("admitted_first", [False, True])
+def test_a_queued_session_gives_way_to_a_denser_store_until_the_engine_admits_it(
+    admitted_first: bool,
+) -> None:
+    """tenure-density through Tenure's manager: session q's next request waits in the queue
+    (vLLM told the policy of it, nothing looked up or stored yet); session d, due back in
+    seconds, stores ten new blocks into a full tier. q's copy (its next gap expected an hour)
+    gives way. Once the engine has admitted q's request (it loaded its copy), the same store
+    is refused: the copy of a running request is off limits."""
+    manager = tenure_manager(capacity=30, policy="tenure-density")
+    q_keys = [key(1, i) for i in range(10)]
+    d_keys = [key(2, i) for i in range(30)]
+    assert serve(manager, "q1", q_keys, {"session_id": "q", "expected_gap_ms": 3_600_000})
+    assert serve(manager, "d1", d_keys[:20], {"session_id": "d", "expected_gap_ms": 5_000})
+    assert _resident(manager, q_keys) == 10
+    q2 = _start(
+        manager, "q2", [*q_keys, key(1, 10)], {"session_id": "q", "expected_gap_ms": 3_600_000}
+    )
+    if admitted_first:
+        for k in q_keys:
+            assert manager.lookup(k, q2).name == "HIT"
+        manager.prepare_load(q_keys, q2)
+        manager.complete_load(q_keys, q2)
+    stored = serve(manager, "d2", d_keys, {"session_id": "d", "expected_gap_ms": 5_000})
+    check_books(manager)
+    if admitted_first:
+        assert not stored and _resident(manager, q_keys) == 10
+    else:
+        assert stored and _resident(manager, q_keys) == 0
+        assert manager.tenure.tier.counters["evicted_blocks_utility"] == 10
+    manager.on_request_finished(q2)
+    check_books(manager)

@@ -171,14 +171,57 @@ def test_a_last_turn_store_displaces_no_live_resident() -> None:
     assert not result.admitted and h.resident("a") == 20
 
 
-def test_an_active_session_is_never_a_victim() -> None:
+def test_an_admitted_session_is_never_a_victim() -> None:
     h = Harness("tenure-density", 20)
     h.turn("busy", 10, 0.0, gap=3600.0)
     h.tier.request_start("busy", 5.0)  # its next request is in flight
+    h.tier.request_admitted("busy", 5.5)  # and the engine runs it
     h.turn("idle", 10, 1.0, gap=3600.0)
     result = h.turn("new", 10, 6.0, gap=5.0)
     assert result.admitted
     assert h.resident("busy") == 10 and h.resident("idle") == 0
+    # A still denser store takes the idle newcomer's room, never the running session's.
+    assert h.turn("newer", 10, 7.0, gap=1.0).admitted
+    assert h.resident("busy") == 10 and h.resident("new") == 0
+
+
+def _queued_case(params: dict[str, float] | None = None) -> Harness:
+    """A shallow session queued for admission (its next gap expected long) holds the tier;
+    a deep one, due back in seconds, offers its context."""
+    h = Harness("tenure-density", 30, {"depth_scale_blocks": 10.0, **(params or {})})
+    h.turn("queued", 10, 0.0, gap=3600.0)
+    h.turn("deep", 20, 0.0, gap=5.0)
+    h.tier.request_start("queued", 10.0)  # waits in the engine's queue from now
+    seg = h.seg("deep")
+    h.tier.request_start("deep", 11.0)
+    h.tier.request_admitted("deep", 11.0)
+    h.tier.hint("deep", SessionHint(expected_gap_s=5.0), 11.0)
+    h.result = h.tier.store([Run(seg, 20, 30)], "deep", 11.5)  # type: ignore[attr-defined]
+    return h
+
+
+def test_a_queued_session_gives_way_to_a_denser_store() -> None:
+    """Scored as the incoming store is (age 0, its expected gap, its depth), the queued
+    session's copy is worth less than the deep session's next ten blocks, so it goes."""
+    h = _queued_case()
+    assert h.result.admitted  # type: ignore[attr-defined]
+    assert h.resident("queued") == 0 and h.resident("deep") == 30
+    # Once admitted, the same session is protected again.
+    g = Harness("tenure-density", 30, {"depth_scale_blocks": 10.0})
+    g.turn("queued", 10, 0.0, gap=3600.0)
+    g.turn("deep", 20, 0.0, gap=5.0)
+    g.tier.request_start("queued", 10.0)
+    g.tier.request_admitted("queued", 10.2)
+    g.tier.request_start("deep", 11.0)
+    g.tier.request_admitted("deep", 11.0)
+    assert not g.tier.store([Run(g.seg("deep"), 20, 30)], "deep", 11.5).admitted
+    assert g.resident("queued") == 10
+
+
+def test_evict_waiting_off_protects_every_request_in_flight() -> None:
+    h = _queued_case({"evict_waiting": 0.0})
+    assert not h.result.admitted  # type: ignore[attr-defined]
+    assert h.resident("queued") == 10 and h.resident("deep") == 20
 
 
 def test_many_idle_residents_are_sampled_and_decisions_stay_deterministic() -> None:
