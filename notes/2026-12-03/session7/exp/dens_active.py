@@ -113,3 +113,13 @@ class TenureDensityWaitZero(TenureDensityActiveWaiting):
 class TenureDensityNoWaiting(TenureDensity):
     name = "tenure-density-nowaiting"
     defaults = {**TenureDensity.defaults, "evict_waiting": 0.0}
+
+
+class TenureDensitySample4(TenureDensity):
+    name = "tenure-density-s4"
+    defaults = {**TenureDensity.defaults, "sample": 4.0}
+
+
+class TenureDensitySample8(TenureDensity):
+    name = "tenure-density-s8"
+    defaults = {**TenureDensity.defaults, "sample": 8.0}
