@@ -123,3 +123,10 @@ class TenureDensitySample4(TenureDensity):
 class TenureDensitySample8(TenureDensity):
     name = "tenure-density-s8"
     defaults = {**TenureDensity.defaults, "sample": 8.0}
+
+
+class TenureDensityNoYieldNow(TenureDensity):
+    """The current policy (``evict_waiting`` on) without the learned yield: what the engine
+    adapter runs, as it reports no lookups to the core."""
+    name = "tenure-density-noyield-now"
+    defaults = {**TenureDensity.defaults, "learn_yield": 0.0}
