@@ -50,6 +50,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -276,9 +277,6 @@ def prefill_bound(
     re-offers what it loaded. Both diagnostics read the run's own GPU and host hits, so they
     describe that run; neither bounds every policy.
     """
-    from scipy.optimize import linprog
-    from scipy.sparse import csr_array
-
     t0 = time.perf_counter()
     iv = _intervals(log, work, pieces_per_request, hold_across_gpu, vllm_offers)
     n = len(iv.start)
@@ -287,6 +285,22 @@ def prefill_bound(
         return Bound(whole, iv.free, n, 0, time.perf_counter() - t0, "unbounded")
     if capacity_blocks <= 0 or n == 0:
         return Bound(iv.free, iv.free, n, 0, time.perf_counter() - t0, "trivial")
+    lp, _held, m = _solve(iv, capacity_blocks)
+    # HiGHS stops within a relative optimality tolerance of 1e-7: pad by more than that so the
+    # reported figure stays above the true LP optimum.
+    lp *= 1.0 + 1e-6
+    return Bound(iv.free + lp, iv.free, n, m, time.perf_counter() - t0, "optimal")
+
+
+def _solve(
+    iv: _Intervals, capacity_blocks: int
+) -> tuple[float, np.ndarray[Any, np.dtype[np.float64]], int]:
+    """The LP's optimum over ``iv`` (unpadded), each interval's held fraction ``z`` at it, and
+    the number of time points (diagnostics read ``z``: which hits the bound credits)."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_array
+
+    n = len(iv.start)
     starts = np.array(iv.start)
     ends = np.array(iv.end)
     sizes = np.array(iv.size, dtype=np.float64)
@@ -331,10 +345,7 @@ def prefill_bound(
     )
     if res.status != 0:
         raise RuntimeError(f"bound LP failed: {res.message}")
-    # HiGHS stops within a relative optimality tolerance of 1e-7: pad by more than that so the
-    # reported figure stays above the true LP optimum.
-    lp = float(-res.fun) * top * (1.0 + 1e-6)
-    return Bound(iv.free + lp, iv.free, n, m, time.perf_counter() - t0, "optimal")
+    return float(-res.fun) * top, np.asarray(res.x[:n]), m
 
 
 def saved_work(log: Sequence[Access], work: BlockWork) -> float:

@@ -9,8 +9,6 @@ import sys
 from collections import defaultdict
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csr_array
 
 import tenure.service.replay.engine as eng
 from tenure.service.replay import bound as B
@@ -57,26 +55,8 @@ VLLM = len(sys.argv) > 3 and sys.argv[3] == "vllm"
 iv = B._intervals(reading(log), work, 1, vllm_offers=VLLM)
 B._split = orig_split
 n = len(iv.start)
-starts, ends = np.array(iv.start), np.array(iv.end)
-sizes, values = np.array(iv.size, float), np.array(iv.value)
-upper = np.minimum(1.0, cap / sizes)
-times = np.unique(np.concatenate([starts, ends]))
-m = len(times)
-a_idx, b_idx = np.searchsorted(times, starts), np.searchsorted(times, ends)
-s = sizes / float(cap)
-rows = np.concatenate([a_idx, b_idx, np.arange(m), np.arange(1, m)])
-cols = np.concatenate([np.arange(n), np.arange(n), n + np.arange(m), n + np.arange(m - 1)])
-data = np.concatenate([-s, s, np.ones(m), -np.ones(m - 1)])
-a_eq = csr_array((data, (rows, cols)), shape=(m, n + m))
-k = len(iv.chain)
-pairs = np.array(iv.chain, dtype=np.int64)
-a_ub = csr_array((np.concatenate([-np.ones(k), np.ones(k)]),
-                  (np.concatenate([np.arange(k), np.arange(k)]), pairs.T.ravel())), shape=(k, n + m))
-top = values.max()
-r = linprog(np.concatenate([-values / top, np.zeros(m)]), A_ub=a_ub, b_ub=np.zeros(k), A_eq=a_eq,
-            b_eq=np.zeros(m), bounds=np.column_stack([np.zeros(n + m), np.concatenate([upper, np.ones(m)])]),
-            method="highs")
-z = r.x[:n]
+values = np.array(iv.value)
+lp_core, z, _m = B._solve(iv, cap)  # the bound's own LP, its solution kept
 lp = float(values @ z) + iv.free
 print(f"{policy} seed {seed} {'vLLM-timed LP' if VLLM else 'bound'}: saved {res.saved_work:.4g}, bound {res.bound_work:.4g} (re-solved {lp:.4g}), "
       f"saved/bound {res.saved_work / res.bound_work:.3f}, free {iv.free / lp:.3f} of it")
