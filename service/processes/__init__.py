@@ -90,11 +90,15 @@ def http_json(
 
 
 def _retry_after(exc: urllib.error.HTTPError) -> float | None:
+    return retry_after_s(exc.code, exc.headers.get("Retry-After"))
+
+
+def retry_after_s(status: int, retry_after: str | None) -> float | None:
     """The delay a 503 asks for (at least 50 ms, at most 5 s), or None for anything else."""
-    if exc.code != 503:
+    if status != 503:
         return None
     try:
-        return min(5.0, max(0.05, float(exc.headers.get("Retry-After", ""))))
+        return min(5.0, max(0.05, float(retry_after or "")))
     except ValueError:
         return None
 

@@ -13,12 +13,16 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tenure.service.errors import UsageError
+from tenure.service.processes import retry_after_s
 
 __all__ = ["configure"]
+
+_TIMEOUT_S = 60.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    """One admin call. A 503 with ``Retry-After`` (the sidecar's Redis away for a moment) is
+    retried after the delay it names, for up to the call's 60 s in all: the API's contract."""
     import httpx
 
     headers = {}
@@ -50,10 +56,16 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
     if token:
         headers["Authorization"] = f"Bearer {token}"
     url = args.url.rstrip("/") + path
-    try:
-        response = httpx.request(method, url, json=body, headers=headers, timeout=60.0)
-    except httpx.HTTPError as exc:
-        raise UsageError(f"{url}: {exc}") from None
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        try:
+            response = httpx.request(method, url, json=body, headers=headers, timeout=_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise UsageError(f"{url}: {exc}") from None
+        delay = retry_after_s(response.status_code, response.headers.get("Retry-After"))
+        if delay is None or time.monotonic() + delay > deadline:
+            break
+        time.sleep(delay)
     if response.status_code != 200:
         try:
             detail = response.json().get("error", {}).get("message") or response.text

@@ -264,3 +264,50 @@ def test_responses_continuations_stay_per_tenant_and_bounded(monkeypatch: Any) -
     assert len(r._continuations) == 3
     assert r._continuation_pieces == 3 * len(pending.chunks)
     assert ("alpha", "resp:resp_1") not in r._continuations  # the oldest went first
+
+
+def test_tenure_record_cli_waits_out_a_503_with_retry_after(capsys: Any) -> None:
+    """The sidecar answers 503 + Retry-After while its Redis is away for a moment; the CLI waits
+    the delay and asks again instead of failing (the API's contract, as ``http_json`` keeps it)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tenure.service.cli import main
+
+    answers = [503, 503, 200]
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.path)
+            code = answers.pop(0)
+            body = json.dumps(
+                {"enabled": True, "turns": 0, "bytes": 0, "max_bytes": 1, "dropped": 0,
+                 "chunk_bytes": 1}
+                if code == 200
+                else {"error": {"message": "the recording's store (Redis) is unavailable"}}
+            ).encode()  # fmt: skip
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if code == 503:
+                self.send_header("Retry-After", "0.05")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["record", "--url", url, "on"]) == 0
+        assert '"enabled": true' in capsys.readouterr().out
+        assert seen == ["/admin/record"] * 3 and answers == []
+    finally:
+        server.shutdown()
+        server.server_close()
