@@ -125,6 +125,7 @@ class _Sim:
         res.bound_work = bound.work
         res.bound_seconds = bound.seconds
         res.bound_intervals = bound.intervals
+        res.bound_prefill_work = prefill_bound(log, capacity, work, prefill_stores=True).work
         if sim.config.bound_held:
             res.bound_held_work = prefill_bound(log, capacity, work, hold_across_gpu=True).work
             res.bound_vllm_work = prefill_bound(log, capacity, work, vllm_offers=True).work

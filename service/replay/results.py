@@ -47,6 +47,9 @@ class RunResult:
     saved_work: float = 0.0
     bound_work: float = float("nan")
     bound_seconds: float = 0.0
+    #: The tighter bound for an engine that stores during the prefill (``prefill_stores``):
+    #: at most ``bound_work``; NaN when not computed.
+    bound_prefill_work: float = float("nan")
     #: The diagnostics (``ReplayConfig.bound_held``): blocks held across GPU-served uses, and
     #: blocks available only from vLLM's offers (NaN unless asked for).
     bound_held_work: float = float("nan")

@@ -23,15 +23,17 @@ def _blocks(acc: Access) -> list[tuple[int, int]]:
     return [(seg, i) for seg, start, stop in acc.runs for i in range(start, stop)]
 
 
-def _exhaustive(log: list[Access], capacity: int) -> float:
+def _exhaustive(log: list[Access], capacity: int, at_prefill_end: bool = False) -> float:
     """The best any offline policy does: dynamic programming over every resident set.
 
     A request's blocks may enter the tier when it completes (no earlier: they are computed
-    while it runs); the tier may drop anything at any time; at a lookup the hit is the longest
-    run of resident blocks from the GPU hit on. Completions at a lookup's instant come first.
+    while it runs), or with ``at_prefill_end`` when its prefill ends (an engine that stores
+    prompt blocks during the prefill); the tier may drop anything at any time; at a lookup the
+    hit is the longest run of resident blocks from the GPU hit on. Stores at a lookup's instant
+    come first.
     """
     events = sorted(
-        [(a.done_s, 0, i) for i, a in enumerate(log)]
+        [(a.first_token_s if at_prefill_end else a.done_s, 0, i) for i, a in enumerate(log)]
         + [(a.lookup_s, 1, i) for i, a in enumerate(log)]
     )
     best: dict[frozenset[tuple[int, int]], float] = {frozenset(): 0.0}
@@ -125,6 +127,10 @@ def test_bound_is_at_least_every_registered_policy_on_a_real_slice(claude_small:
         run = simulate(claude_small, ReplayConfig(policy, H100, 8.0, 1 / 120, 0, bound=True))
         assert run.bound_work == run.bound_work, policy  # computed
         assert run.saved_work <= run.bound_work, (policy, run.saved_work, run.bound_work)
+        # The replay's engine offers prompt blocks only during the prefill: the tighter bound
+        # holds for every policy too, and is never above the completion-timed one.
+        tight = run.bound_prefill_work
+        assert run.saved_work <= tight <= run.bound_work * (1 + 1e-5), (policy, tight)
         if sum(run.host_hit_tokens) > 0:
             assert run.saved_work > 0, policy
             seen += 1
@@ -185,3 +191,40 @@ def test_vllm_offers_renew_only_what_a_request_offered() -> None:
     one = WORK.range(0, 1)
     assert prefill_bound(log, 1, WORK).work == pytest.approx(2 * one, rel=1e-5)
     assert prefill_bound(log, 1, WORK, vllm_offers=True).work == pytest.approx(one, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_prefill_timed_bound_is_at_least_exhaustive_search(seed: int) -> None:
+    """Blocks stored by the end of their holder's prefill: the tighter bound is still above the
+    best schedule of such an engine, and never above the completion-timed bound."""
+    rng = random.Random(500 + seed)
+    log = [
+        Access(a.runs, a.lookup_s, a.done_s, a.gpu_hit, 0, rng.uniform(a.lookup_s, a.done_s))
+        for a in _random_log(rng)
+    ]
+    capacity = rng.randint(0, 3)
+    best = _exhaustive(log, capacity, at_prefill_end=True)
+    tight = prefill_bound(log, capacity, WORK, prefill_stores=True).work
+    assert tight >= best - 1e-9, (best, tight)
+    assert tight <= prefill_bound(log, capacity, WORK).work * (1 + 1e-5)
+
+
+def test_prefill_timed_bound_charges_the_decode() -> None:
+    """Block a's holder prefills by 1 and decodes until 10; block b needs the one slot over
+    [0.6, 9). Stored at completion, a's hold [10, 12) misses b's and both hit; stored at the
+    prefill's end, a must be held from 1, across b's interval: only one fits."""
+    a, b = (Run(0, 0, 1),), (Run(1, 0, 1),)
+    log = [
+        Access(b, 0.0, 0.6, 0, 0, 0.5),
+        Access(a, 0.5, 10.0, 0, 0, 1.0),
+        Access(b, 9.0, 9.5, 0, 0, 9.2),
+        Access(a, 12.0, 13.0, 0, 0, 12.5),
+    ]
+    one = WORK.range(0, 1)
+    assert prefill_bound(log, 1, WORK).work == pytest.approx(2 * one, rel=1e-5)
+    assert prefill_bound(log, 1, WORK, prefill_stores=True).work == pytest.approx(one, rel=1e-5)
+    assert _exhaustive(log, 1, at_prefill_end=True) == pytest.approx(one)
+    # Unknown prefill ends (-1) fall back to completion: the bound is unchanged.
+    blind = [Access(x.runs, x.lookup_s, x.done_s, x.gpu_hit) for x in log]
+    blind_bound = prefill_bound(blind, 1, WORK, prefill_stores=True).work
+    assert blind_bound == pytest.approx(2 * one, rel=1e-5)
