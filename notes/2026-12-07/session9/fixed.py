@@ -9,7 +9,7 @@ blocks it loaded; stores at the prefill's end) and the bound's (every use offers
 context). Compares saved work with the prefill-timed bound on the same log.
 Usage: python fixed.py LOG.pkl [vllm|all]
 """
-import pickle, sys, time
+import json, pickle, sys, time
 from collections import defaultdict
 import numpy as np
 from tenure.service.replay import bound as B
@@ -131,7 +131,7 @@ for now, kind, r in events:
         ranked = sorted(inc.items(), key=lambda kv: -sum(w(p2) for p2, _ in kv[1]) / len(kv[1]) / (L[kv[0]] - now))
         for r2, items in ranked:
             items.sort()
-            # merge with blocks of r2 already held: density of the group if this head is added
+            # The incoming group's own density (blocks of r2 already held are not merged in).
             worth = sum(w(p2) for p2, _ in items) / len(items) / (L[r2] - now)
             for p2, b in items:
                 if used >= cap:
@@ -143,5 +143,4 @@ b0 = B.prefill_bound(log, cap, work).work
 real = B.saved_work(log, work)
 print(f"{sys.argv[1]} mode {mode}: clairvoyant fixed-timing saved/bound {saved / b0:.3f} (/F-bound {saved / fb:.3f}); "
       f"the run itself {real / b0:.3f} (/F {real / fb:.3f}); {time.time() - t0:.0f}s", flush=True)
-import json
 print(json.dumps({"log": sys.argv[1], "mode": mode, "clairvoyant": saved, "run": real, "bound": b0, "fbound": fb}), flush=True)
