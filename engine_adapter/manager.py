@@ -32,6 +32,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 from tenure.engine_adapter.policy import TenureCachePolicy
+from tenure.engine_adapter.requests import RequestInfo
 from tenure.engine_adapter.vllm_compat import (
     add_evictable_chunks,
     free_chunk,
@@ -75,6 +76,7 @@ class TenureOffloadingManager(CPUOffloadingManager):
         if tenure is None:
             return
         tenure.can_release = True
+        tenure.requests.reports_lookups = True  # lookup and prepare_load below pass them on
         tenure.block_tokens = block_tokens
         if policy_params is not None:
             if not isinstance(policy_params, dict):
@@ -140,6 +142,7 @@ class TenureOffloadingManager(CPUOffloadingManager):
                 # the room): the gate is not asked, so nothing is decided for a store that
                 # cannot happen.
                 tenure.stats["refusals_pinned"] += 1
+                tenure.request_computes(req_context)
                 reported = reported_store_misses(self, req_context)
                 fresh = [k for k in to_store if k not in reported]
                 if fresh:
@@ -177,14 +180,14 @@ class TenureOffloadingManager(CPUOffloadingManager):
         result = super().lookup(key, req_context)
         if self.tenure is not None:
             # Where vLLM starts looking up is where the GPU prefix-cache hit ends.
-            self.tenure.resumes.lookup(key, req_context)
+            self.tenure.requests.looked_up(key, req_context)
         return result
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        if self.tenure is not None:
+            self.tenure.request_loads(len(keys), req_context)
         spec = super().prepare_load(keys, req_context)
         if self.tenure is not None:
-            self.tenure.request_loads(req_context)
-            self.tenure.resumes.loaded(keys, req_context)
             stats = self.tenure.stats
             stats["loads"] += 1
             stats["host_hit_blocks"] += len(keys)
@@ -208,7 +211,10 @@ class TenureOffloadingManager(CPUOffloadingManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         super().on_request_finished(req_context)
         if self.tenure is not None:
-            self.tenure.resumes.finish(req_context)
+            # What the request looked up and loaded is on its state (kept across a clear()).
+            info = req_context.get_state(RequestInfo)
+            lookup_end, loaded = (info.lookup_end, info.loaded) if info is not None else (None, 0)
+            self.tenure.resumes.finish(req_context, lookup_end, loaded)
             self._reclaim()
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:

@@ -111,10 +111,15 @@ class TenureCachePolicy(CachePolicy):
         self.resumes = ResumeTracker()
         #: Tenants' rent clocks and the held copies they re-price (pushed decisions).
         self.rent_timers = RentTimers()
-        self._build(block_tokens=0, can_release=False, retention_branches={})
+        self._build(block_tokens=0, can_release=False, reports_lookups=False, retention_branches={})
 
     def _build(
-        self, *, block_tokens: int, can_release: bool, retention_branches: dict[str, str]
+        self,
+        *,
+        block_tokens: int,
+        can_release: bool,
+        reports_lookups: bool,
+        retention_branches: dict[str, str],
     ) -> None:
         """Build the core and the parts over it (at start, and again on every ``clear()``)."""
         self.core = create_policy(self.core_name, core_params(self.core_name, self._core_params))
@@ -141,6 +146,7 @@ class TenureCachePolicy(CachePolicy):
             stats=self.stats,
             resumes=self.resumes,
         )
+        self.requests.reports_lookups = reports_lookups
         self.gate = StoreGate(
             holdings=self.holdings, requests=self.requests, stats=self.stats, clock=self._clock
         )
@@ -163,6 +169,7 @@ class TenureCachePolicy(CachePolicy):
         self._build(
             block_tokens=self.key_map.block_tokens,
             can_release=self.holdings.can_release,
+            reports_lookups=self.requests.reports_lookups,
             retention_branches=self.pushed.retention_branches,
         )
 
@@ -257,17 +264,27 @@ class TenureCachePolicy(CachePolicy):
         if locs:
             self.tier.touch(merge_locs(locs), now, pending=merge_locs(sorted(pending)))
 
-    def request_loads(self, req_context: ReqContext) -> None:
-        """Tenure's manager prepares a load for the request: the engine admitted it."""
+    def request_loads(self, keys: int, req_context: ReqContext) -> None:
+        """Tenure's manager prepares a load of ``keys`` blocks for the request: the engine
+        admitted it. Called before vLLM's own ``prepare_load``, which in 0.33 reports the
+        access (:meth:`on_request_access`) and so the admission, with the host hit known."""
         now = self._clock()
-        self.requests.admit(self.requests.request(req_context, now, infer=False), now)
+        requests = self.requests
+        requests.admit(requests.loading(keys, req_context, now), req_context, now)
+
+    def request_computes(self, req_context: ReqContext) -> None:
+        """The request computes blocks whose store vLLM cannot make (transfers pin the room):
+        the engine admitted it all the same."""
+        now = self._clock()
+        requests = self.requests
+        requests.admit(requests.request(req_context, now), req_context, now)
 
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         """vLLM 0.33: the request used ``keys`` (a load, or the held part of a store) before
         finishing; policies with request-scoped ranks (its LRU) order them now."""
         now = self._clock()
         info = self.requests.request(req_context, now, infer=False)
-        self.requests.admit(info, now)  # it loads or stores: the engine runs it
+        self.requests.admit(info, req_context, now)  # it loads or stores: the engine runs it
         loc_of = self.key_map.loc.get
         locs = sorted(loc for k in keys if (loc := loc_of(k)) is not None)
         self.tier.request_access(info.serial, merge_locs(locs), now)

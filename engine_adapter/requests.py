@@ -43,6 +43,11 @@ class RequestInfo:
     started: bool = False
     #: The engine admitted the request (its first load or store): the core was told.
     admitted: bool = False
+    #: The end token of the first block vLLM looked up in the tier (its lookups start where
+    #: the GPU prefix hit ends; ``None``: no lookup, the GPU held every full block).
+    lookup_end: int | None = None
+    #: Blocks loaded from the tier for the request.
+    loaded: int = 0
     inserted: list[OffloadKey] = field(default_factory=list)
     #: The last offer the gate refused, as (new blocks, last new key): vLLM re-offers a
     #: refused range at every engine step, and a repeat is not counted as another refusal.
@@ -58,6 +63,7 @@ class Requests:
         "keys",
         "last_ctx",
         "pushed",
+        "reports_lookups",
         "resumes",
         "serial",
         "sessions",
@@ -88,6 +94,11 @@ class Requests:
         #: The request of the newest store (set by the store gate and vLLM's stock-manager
         #: path): the request of a call that names none.
         self.last_ctx: ReqContext | None = None
+        #: Tenure's manager passes vLLM's lookups and loads on (:meth:`looked_up`,
+        #: :meth:`loading`), so an admission can tell the core what the request looked up and
+        #: found. Under vLLM's stock manager no lookup is seen: nothing is reported then,
+        #: rather than every request as one the GPU served whole.
+        self.reports_lookups = False
 
     def request(self, ctx: ReqContext | None, now: float, *, infer: bool = True) -> RequestInfo:
         """``ctx``'s state (the newest store's request when ``ctx`` is ``None``), started."""
@@ -114,12 +125,45 @@ class Requests:
             self._start(info, now)
         return info
 
-    def admit(self, info: RequestInfo, now: float) -> None:
+    def admit(self, info: RequestInfo, ctx: ReqContext | None, now: float) -> None:
         """The engine runs the request (it loads or stores): tell the core once, so that from
-        now on its session's copy is off limits (queued, it may give way to a denser store)."""
-        if not info.admitted and info.session is not None and info.started:
-            info.admitted = True
-            self.tier.request_admitted(info.session, now)
+        now on its session's copy is off limits (queued, it may give way to a denser store),
+        and what its lookup found, as the replay does at admission.
+
+        The lookup is told in blocks past the GPU hit, of which the loaded ones were the host
+        hit; blocks never stored here count too, since the request computes them.
+        """
+        if info.admitted or info.session is None or not info.started:
+            return
+        info.admitted = True
+        self.tier.request_admitted(info.session, now)
+        if not self.reports_lookups or ctx is None:
+            return
+        unit = self.keys.block_tokens
+        positions = offload_key_positions(ctx)
+        if unit <= 0 or not positions:
+            return
+        prompt = max(positions.values()) // unit
+        gpu = prompt if info.lookup_end is None else info.lookup_end // unit - 1
+        blocks = max(0, prompt - gpu)
+        self.tier.looked_up(info.session, blocks, min(info.loaded, blocks), now)
+
+    @staticmethod
+    def looked_up(key: OffloadKey, ctx: ReqContext) -> None:
+        """vLLM looked ``key`` up for the request (from its GPU hit on, key by key)."""
+        info = ctx.get_state(RequestInfo)
+        if info is None:
+            return
+        end = ctx.get_offload_key_position(key)
+        if end is not None and (info.lookup_end is None or end < info.lookup_end):
+            info.lookup_end = end
+
+    def loading(self, keys: int, ctx: ReqContext, now: float) -> RequestInfo:
+        """vLLM loads ``keys`` blocks for the request. Counted before the load is passed on,
+        since vLLM 0.33's manager reports the access (and so the admission) inside it."""
+        info = self.request(ctx, now, infer=False)
+        info.loaded += keys
+        return info
 
     def _infer_session(self, ctx: ReqContext | None) -> str:
         """Prefix-chain inference for untagged requests.

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.base import ReqContext
 
 from tenure.engine_adapter.vllm_compat import offload_key_positions
 from tenure.service.wire.push import ResumeOutcome
@@ -41,8 +41,6 @@ class _Probe:
     suspended_at: float
     ttl_s: float | None
     resumed_at: float
-    first_lookup_end: int | None = None
-    loaded_blocks: int = 0
 
 
 class ResumeTracker:
@@ -92,20 +90,10 @@ class ResumeTracker:
         at, ttl, branch = entry
         ctx.set_state(_Probe(session, branch, at, ttl, self._wall()))
 
-    def lookup(self, key: OffloadKey, ctx: ReqContext) -> None:
-        probe = ctx.get_state(_Probe)
-        if probe is None:
-            return
-        end = ctx.get_offload_key_position(key)
-        if end is not None and (probe.first_lookup_end is None or end < probe.first_lookup_end):
-            probe.first_lookup_end = end
-
-    def loaded(self, keys: Collection[OffloadKey], ctx: ReqContext) -> None:
-        probe = ctx.get_state(_Probe)
-        if probe is not None:
-            probe.loaded_blocks += len(keys)
-
-    def finish(self, ctx: ReqContext) -> None:
+    def finish(self, ctx: ReqContext, lookup_end: int | None, loaded_blocks: int) -> None:
+        """The request ended. ``lookup_end``: the end token of the first block vLLM looked up
+        (``None``: no lookup); ``loaded_blocks``: blocks loaded from the tier (both recorded
+        on the request's :class:`~tenure.engine_adapter.requests.RequestInfo`)."""
         probe = ctx.get_state(_Probe)
         if probe is None:
             return
@@ -115,8 +103,8 @@ class ResumeTracker:
             return
         block = positions[0]
         prompt = positions[-1]
-        hbm = prompt if probe.first_lookup_end is None else max(0, probe.first_lookup_end - block)
-        host = min(prompt - hbm, probe.loaded_blocks * block)
+        hbm = prompt if lookup_end is None else max(0, lookup_end - block)
+        host = min(prompt - hbm, loaded_blocks * block)
         computed = max(0, prompt - hbm - host)
         outcome = max(
             (("hbm", hbm), ("host", host), ("recomputed", computed)),

@@ -94,7 +94,7 @@ class StoreGate:
         info = requests.request(ctx, now)
         session = info.session
         assert session is not None
-        requests.admit(info, now)  # it computes: its lookup is behind it
+        requests.admit(info, ctx, now)  # it computes: its lookup is behind it
         # Two passes: plan the offer's (key, segment, index) placements without touching the
         # maps, ask the gate, and write them only if it admits. Under overload most offers are
         # refused, and a refusal then costs no writes to undo.

@@ -110,11 +110,11 @@ class TierPolicy(ABC):
         the default ignores it.
         """
 
-    def on_lookup(  # noqa: B027
-        self, session: str, runs: Sequence[Run], hit: int, now: float
-    ) -> None:
-        """A request of ``session`` looked the tier up for ``runs`` (its context from the GPU
-        prefix hit on; empty when the GPU holds it all) and found ``hit`` blocks resident."""
+    def on_lookup(self, session: str, blocks: int, hit: int, now: float) -> None:  # noqa: B027
+        """A request of ``session`` was admitted after looking the tier up for ``blocks`` (its
+        context from the GPU prefix hit on; 0 when the GPU holds it all), of which the first
+        ``hit`` were resident (the prefix it loads). The replay and the engine adapter both
+        report it, once per request, when the engine admits the request."""
 
     def on_refused(self, session: str, runs: Sequence[Run], now: float) -> None:  # noqa: B027
         """The tier refused ``session``'s offer of ``runs`` (after ``select_victims`` said no)."""

@@ -28,8 +28,9 @@ LHD, NSDI 2018, with the work of a hit in place of a hit count). For an idle res
   held copy is loaded at each clock distance (``on_lookup``). A surviving gap ``g`` is then
   weighed by the yield at the distance the session will be at if it comes back then:
   ``d_now + rate * (g - a)``. A session that comes back in seconds, while the GPU still holds
-  it, is worth little in the tier; many such do not crowd out the one the tier saves. A caller
-  that reports no lookups (the engine adapter today) leaves the yield at its prior, 1.
+  it, is worth little in the tier; many such do not crowd out the one the tier saves. The replay
+  and the engine adapter both report each admitted request's lookup; a caller that reports
+  none (vLLM's stock manager driving the policy) leaves the yield at its prior, 1.
 
 Decisions, with the gate's invariants kept:
 
@@ -193,7 +194,7 @@ class TenureDensity(SessionPolicy):
         self._note_idle(session)
         self._reindex(session)
 
-    def on_lookup(self, session: str, runs: Sequence[Run], hit: int, now: float) -> None:
+    def on_lookup(self, session: str, blocks: int, hit: int, now: float) -> None:
         if not self.params["learn_yield"]:
             return
         held = self._returning.pop(session, None)
@@ -201,7 +202,7 @@ class TenureDensity(SessionPolicy):
             distance = self.clock - self._used_at.get(session, self.clock)
             self.yields.observe(distance, hit / held)
         # What this request computes: its context past the GPU hit, less what the tier loads.
-        self.clock += max(0, sum(r.blocks for r in runs) - hit)
+        self.clock += max(0, blocks - hit)
         ticks = self._ticks
         ticks.append((now, self.clock))
         while len(ticks) > 2 and ticks[1][0] < now - self.params["rate_window_s"]:

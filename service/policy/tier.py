@@ -110,8 +110,13 @@ class HostTier:
         told what it found (``on_lookup``)."""
         hit = self._lookup(runs)
         if session is not None:
-            self.policy.on_lookup(session, runs, hit, now)
+            self.looked_up(session, sum(r.blocks for r in runs), hit, now)
         return hit
+
+    def looked_up(self, session: str, blocks: int, hit: int, now: float) -> None:
+        """A lookup made elsewhere (the engine's manager, key by key): ``session``'s admitted
+        request looked up ``blocks`` past its GPU hit and loads the first ``hit``."""
+        self.policy.on_lookup(session, blocks, hit, now)
 
     def _lookup(self, runs: Sequence[Run]) -> int:
         hit = 0

@@ -61,6 +61,24 @@ def test_flooded_prefix_served_from_host_under_tenure_not_lru(engines, router: R
     assert manager.tenure.resident_blocks("A") == BLOCKS_PER_PROMPT
 
 
+def test_the_engines_lookups_reach_the_core_once_per_request(engines):
+    """tenure-density in a real engine: vLLM's key-by-key lookups and loads reach the core at
+    each request's admission, as the replay reports them. Its allocation clock counts exactly
+    the blocks the engine computed: five prompts of two full blocks, less the GPU's and the
+    host tier's hits."""
+    llm = engines.get("tenure-density")
+    manager = live_manager(llm)
+    core = manager.tenure.core
+    clock, loaded = core.clock, manager.tenure.stats["host_hit_blocks"]
+    gpu_hits = metric(llm, "vllm:prefix_cache_hits")
+    flood_scenario(llm)
+    settle(llm)
+    gpu = int(metric(llm, "vllm:prefix_cache_hits") - gpu_hits) // 128
+    host = manager.tenure.stats["host_hit_blocks"] - loaded
+    assert core.clock - clock == 5 * BLOCKS_PER_PROMPT - gpu - host
+    assert core.clock - clock > 0
+
+
 def test_declared_last_turn_frees_host_blocks_at_once(engines, router: RouterPeer):
     llm = engines.get("tenure", push_addr=router.addr, extra=FAST_CHANNEL)
     manager = live_manager(llm)

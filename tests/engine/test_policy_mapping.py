@@ -8,7 +8,7 @@ every step: vLLM's chunk pool, the policy's chunks, the core tier's residency.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -43,22 +43,32 @@ def tenure_manager(capacity: int, policy: str = "tenure"):
     return TenureOffloadingManager(num_chunks=capacity, cache_policy=policy, block_tokens=BLOCK)
 
 
-def serve(manager: Any, req_id: str, keys: list[Any], tags: dict[str, Any] | None = None) -> bool:
-    """One request as the scheduler drives it: lookup/load the hit prefix, store the rest,
-    complete the transfers, finish. Returns whether the store was admitted."""
+def serve(
+    manager: Any,
+    req_id: str,
+    keys: list[Any],
+    tags: dict[str, Any] | None = None,
+    *,
+    gpu_hit: int = 0,
+) -> bool:
+    """One request as the scheduler drives it: lookup/load the hit prefix past the first
+    ``gpu_hit`` blocks (the GPU prefix cache's), store the rest, complete the transfers,
+    finish. Returns whether the store was admitted."""
     ctx = make_ctx(req_id, [], tags)
     manager.on_new_request(ctx)
     for i, k in enumerate(keys):  # vLLM hashes the blocks after on_new_request
         ctx.set_offload_key_position(k, (i + 1) * BLOCK)
     hit = 0
-    for k in keys:
+    for k in keys[gpu_hit:]:
         if manager.lookup(k, ctx).name != "HIT":
             break
         hit += 1
+    loaded = keys[gpu_hit : gpu_hit + hit]
     if hit:
-        manager.prepare_load(keys[:hit], ctx)
-        manager.complete_load(keys[:hit], ctx)
-    out = manager.prepare_store(keys[hit:], ctx) if keys[hit:] else None
+        manager.prepare_load(loaded, ctx)
+        manager.complete_load(loaded, ctx)
+    rest = keys[gpu_hit + hit :]
+    out = manager.prepare_store(rest, ctx) if rest else None
     if out is not None:
         manager.complete_store(out.keys_to_store, ctx)
     manager.on_request_finished(ctx)
@@ -277,3 +287,41 @@ def test_a_queued_session_gives_way_to_a_denser_store_until_the_engine_admits_it
         assert manager.tenure.tier.counters["evicted_blocks_utility"] == 10
     manager.on_request_finished(q2)
     check_books(manager)
+
+
+def test_each_admitted_request_tells_the_core_what_its_lookup_found() -> None:
+    """As the replay does at admission: the blocks looked up past the GPU hit and the host hit
+    among them, once per request. tenure-density's allocation clock counts what was computed,
+    and its yield learns what share of a held copy the next turn loaded."""
+    manager = tenure_manager(capacity=64, policy="tenure-density")
+    core = manager.tenure.core
+    core.yields.min_samples = 1  # read the yield from the first observation on
+    keys = [key(1, i) for i in range(14)]
+    tags: dict[str, Any] = {"session_id": "S", "expected_gap_ms": 30_000}
+    assert serve(manager, "r1", keys[:10], tags)  # cold: 10 looked up, none found
+    assert core.clock == 10
+    # The GPU still holds 6 blocks: the lookup starts at block 6, finds 4 held (6-9) and the
+    # request computes 4 (10-13). 4 of the 10 held blocks were loaded, at clock distance 0.
+    assert serve(manager, "r2", keys, tags, gpu_hit=6)
+    assert core.clock == 14
+    assert core.yields.of(0.0) == pytest.approx(0.4)
+    # The GPU holds all 14 blocks of the copy: the lookup starts at the turn's new block (a
+    # miss), which the request computes; none of the copy was loaded.
+    assert serve(manager, "r3", [*keys, key(1, 14)], tags, gpu_hit=14)
+    assert core.clock == 15
+    assert core.yields.of(0.0) == pytest.approx(0.2)  # the mean of 0.4 and 0
+
+
+def test_the_stock_manager_reports_no_lookups_to_the_core() -> None:
+    """vLLM's own manager does not pass its lookups on: the core hears none, rather than a
+    request the GPU served whole each time."""
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    manager = CPUOffloadingManager(num_chunks=64, cache_policy="tenure-density")
+    core = cast(Any, manager._policy).core
+    core.yields.min_samples = 1
+    keys = [key(1, i) for i in range(10)]
+    tags = {"session_id": "S", "expected_gap_ms": 30_000}
+    serve(manager, "r1", keys, tags)
+    serve(manager, "r2", keys, tags)
+    assert core.clock == 0 and core.yields.of(0.0) == 1.0

@@ -1,7 +1,9 @@
 """The adapter's resume classification on vLLM's own ``ReqContext`` (no engine needed).
 
 The scheduler records every full block's end position, looks the host tier up only past the
-blocks the GPU prefix cache holds, and loads the hits; the tracker turns that into an outcome.
+blocks the GPU prefix cache holds, and loads the hits; the adapter records where the lookups
+started and how many blocks were loaded (on the request's state), and the tracker turns that
+into an outcome.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ def _request(tracker: ResumeTracker, session: str, blocks: int) -> ReqContext:
     return ctx
 
 
-def _lookup_from(tracker: ResumeTracker, ctx: ReqContext, first: int, blocks: int) -> None:
-    for i in range(first, blocks):
-        tracker.lookup(bytes([i]), ctx)  # type: ignore[arg-type]
+def _lookup_from(first: int) -> int:
+    """The end token of the first block looked up: the GPU held blocks ``0 .. first - 1``."""
+    return (first + 1) * BLOCK
 
 
 def test_each_source_is_classified_and_counted_in_tokens() -> None:
@@ -34,16 +36,13 @@ def test_each_source_is_classified_and_counted_in_tokens() -> None:
     tracker.suspended("t/hbm", issued_at=90.0, ttl_s=None)
 
     ctx = _request(tracker, "t/host", 4)  # GPU held nothing, three blocks came from host
-    _lookup_from(tracker, ctx, 0, 4)
-    tracker.loaded([b"\x00", b"\x01", b"\x02"], ctx)  # type: ignore[list-item]
-    tracker.finish(ctx)
+    tracker.finish(ctx, _lookup_from(0), 3)
 
     ctx = _request(tracker, "t/gone", 4)  # timer expired: every lookup missed, nothing loaded
-    _lookup_from(tracker, ctx, 0, 4)
-    tracker.finish(ctx)
+    tracker.finish(ctx, _lookup_from(0), 0)
 
     ctx = _request(tracker, "t/hbm", 4)  # the GPU held all full blocks: no lookup at all
-    tracker.finish(ctx)
+    tracker.finish(ctx, None, 0)
 
     host, gone, hbm = tracker.drain()
     assert (host.outcome, host.branch, host.tenant) == ("host", "retain", "t")
@@ -58,17 +57,16 @@ def test_each_source_is_classified_and_counted_in_tokens() -> None:
 def test_only_the_first_request_after_a_suspension_is_a_resume() -> None:
     tracker = ResumeTracker(wall_clock=lambda: 10.0)
     ctx = _request(tracker, "t/never-suspended", 2)
-    tracker.finish(ctx)
+    tracker.finish(ctx, None, 0)
     tracker.suspended("t/s", issued_at=1.0, ttl_s=None)
     ctx = _request(tracker, "t/s", 2)
-    _lookup_from(tracker, ctx, 1, 2)  # the GPU held block 0
-    tracker.finish(ctx)
-    tracker.finish(ctx)  # finished twice: counted once
+    tracker.finish(ctx, _lookup_from(1), 0)  # the GPU held block 0
+    tracker.finish(ctx, _lookup_from(1), 0)  # finished twice: counted once
     again = _request(tracker, "t/s", 2)
-    tracker.finish(again)
+    tracker.finish(again, None, 0)
     (only,) = tracker.drain()
     assert (only.outcome, only.hbm_tokens, only.computed_tokens) == ("hbm", 128, 128)
     tracker.suspended("t/ended", issued_at=1.0, ttl_s=None)
     tracker.forget("t/ended")
-    tracker.finish(_request(tracker, "t/ended", 2))
+    tracker.finish(_request(tracker, "t/ended", 2), None, 0)
     assert tracker.drain() == [] and len(tracker) == 0
