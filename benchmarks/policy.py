@@ -10,8 +10,9 @@ request: ``get`` for each context block (lookup), ``on_store_miss`` + ``evict`` 
 protects, the keys of the store being made. ``ns/op`` is this process's CPU time over those
 calls (CPU time, not wall time: the figure must not depend on what else the machine runs). The
 Tenure side runs as ``TenureOffloadingManager`` drives it, its extra manager hooks timed but not
-counted: ``begin_store`` (the gate decides the offer before vLLM's own calls) and ``end_store``
-around them, ``poll`` and ``take_released`` after.
+counted: the record of each lookup (``Requests.looked_up``, from the manager's ``lookup``),
+``begin_store`` (the gate decides the offer before vLLM's own calls, and tells the core what
+the request looked up) and ``end_store`` around them, ``poll`` and ``take_released`` after.
 
 Scaling: the same per-request work with 10 to 10,000 live sessions (tier sized per session).
 The warm-up places every session at a random point of its life, so the timed requests carry the
@@ -73,6 +74,8 @@ class _Driver:
         self.dt = GAP_S / sessions
         self.capacity = capacity
         self.tenure = tenure
+        #: Tenure's manager's per-lookup hook (``None``: vLLM's own policy has none).
+        self.looked_up: Any = policy.requests.looked_up if tenure else None
         self.next_chunk = 0
         self.free: list[Any] = []
         self.ops = 0
@@ -116,8 +119,11 @@ class _Driver:
         if self.tenure:
             policy.on_new_request(ctx)
         ops = 0
+        looked_up = self.looked_up
         for key in keys[:context]:  # lookup of the offloaded prefix
             ops += 1
+            if looked_up is not None:
+                looked_up(key, ctx)  # Tenure's manager records each lookup (a hook)
             if get(key) is None:
                 break
         offer = [k for k in keys if get(k) is None]
@@ -225,6 +231,7 @@ def measure(policy_name: str, w: Workload) -> Measurement:
         clock = _Clock()
         policy = policy_class_for(policy_name)(cache_capacity=capacity, clock=clock)
         policy.can_release = True
+        policy.requests.reports_lookups = True  # as Tenure's manager sets it
         policy.block_tokens = BLOCK_TOKENS
         driver = _Driver(policy, capacity, True, w.sessions)
         clock.driver = driver

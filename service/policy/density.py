@@ -259,12 +259,10 @@ class TenureDensity(SessionPolicy):
         left = self.spread.residual(bucket, life.expected_gap_s, age)
         if left.survivors == 0 or left.mean_left <= 0:
             return 0.0  # outlived every gap like it: overdue
-        useful = self.yields.prior
-        if self.yields.version:  # before any lookup is reported every yield is the prior
-            rate = self.rate(now)
-            of = self.yields.of
-            points = left.points
-            useful = sum(of(distance + rate * (g - age)) for g in points) / len(points)
+        yields = self.yields
+        useful = yields.prior
+        if yields.version:  # before any lookup is reported every yield is the prior
+            useful = yields.mean_along(distance, self.rate(now), age, left.points)
         return useful * self._block_value(depth) / left.mean_left
 
     def session_density(self, session: str, now: float) -> float:

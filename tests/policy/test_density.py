@@ -6,11 +6,13 @@ rule (wake-up order, whole sessions, recency), so it fails if the order is lost.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tenure.service.policy import EvictionClass, Run, SessionHint
 from tenure.service.policy.density import TenureDensity
-from tenure.service.policy.gap_spread import GapSpread
+from tenure.service.policy.gap_spread import GapSpread, HitYield
 from tests.policy.harness import Harness
 
 
@@ -245,3 +247,21 @@ def test_cold_spread_trusts_the_prediction_within_a_factor_of_two() -> None:
     left = spread.residual(GapSpread.bucket(10.0), 10.0, 0.0)
     assert left.survivors == 3 and left.mean_left == pytest.approx(35.0 / 3)
     assert spread.residual(GapSpread.bucket(10.0), 10.0, 25.0).survivors == 0
+
+
+def test_the_written_out_yield_mean_equals_the_plain_one_float_for_float() -> None:
+    """``HitYield.mean_along`` (the decision's inner loop, written out) against the mean of
+    ``of`` over the same points: equal exactly, so the decisions do not move."""
+    rng = random.Random(3)
+    yields = HitYield(min_samples=3)
+    for _ in range(2000):
+        yields.observe(rng.choice([0.0, 0.1, 0.125, 1.0, 7.5, 300.0, 10**rng.uniform(0, 6)]),
+                       rng.random())  # fmt: skip
+    for _ in range(2000):
+        distance = rng.choice([0, rng.randrange(100_000)])
+        rate = rng.choice([0.0, rng.uniform(0.0, 500.0)])
+        age = rng.uniform(0.0, 600.0)
+        gaps = sorted(age + rng.expovariate(1 / 120.0) for _ in range(rng.randint(1, 16)))
+        plain = sum(yields.of(distance + rate * (g - age)) for g in gaps) / len(gaps)
+        assert yields.mean_along(distance, rate, age, gaps) == plain
+    assert len({yields.of(10.0**k) for k in range(6)}) > 1  # the bins differ: not all prior
