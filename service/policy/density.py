@@ -45,7 +45,9 @@ Decisions, with the gate's invariants kept:
 Cost: the residents' densities change with time, so there is no static order to index. A
 decision scores the idle residents, or, above ``sample`` of them, a deterministic sample of
 ``sample`` (LHD's own answer: sampling a few candidates loses little), so its cost does not
-grow with the number of sessions.
+grow with the number of sessions. Within a decision the costly part of a score (the yield's
+mean along the gap spread) is computed lazily, only for candidates that can still come next in
+the order (``_ascending``); the order and the decisions are the eager sort's.
 
 Measured and kept: ``evict_waiting`` (session 7, chosen on the dev seeds 10-13). Under load
 the engine's queue is long, and a queued session's host copy, protected until its admission,
@@ -65,13 +67,14 @@ its fixed threshold.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 from tenure.service.policy.base import HintSource, PolicyParams
-from tenure.service.policy.gap_spread import GapSpread, HitYield
+from tenure.service.policy.gap_spread import GapSpread, HitYield, Residual
 from tenure.service.policy.sessions import SessionLife, SessionPolicy
 from tenure.service.policy.types import EvictionClass, Run, SessionHint, Victim
 
@@ -317,12 +320,10 @@ class TenureDensity(SessionPolicy):
             if have >= n:
                 return self._evict(order, n)
         worth = self._incoming_density(incoming, protected, now)
-        scored = sorted(
-            (self.session_density(s, now), s)
-            for s in self._candidates(now, n)
-            if s not in excluded and resident.get(s, 0) > 0
-        )
-        for density, session in scored:
+        candidates = [
+            s for s in self._candidates(now, n) if s not in excluded and resident.get(s, 0) > 0
+        ]
+        for density, session in self._ascending(candidates, now, worth):
             if density >= worth:
                 return None  # refuse: only a denser store displaces a resident
             cls = EvictionClass.OVERDUE if density == 0.0 else EvictionClass.UTILITY
@@ -331,6 +332,66 @@ class TenureDensity(SessionPolicy):
             if have >= n:
                 return self._evict(order, n)
         return None
+
+    def _ascending(
+        self, sessions: Sequence[str], now: float, stop: float
+    ) -> Iterator[tuple[float, str]]:
+        """``sorted((session_density(s, now), s) for s in sessions)``, lazily, up to the first
+        density at or above ``stop`` (yielded as a value ``>= stop``, maybe a bound, and the
+        last).
+
+        The yield's mean along a candidate's gap spread is most of a decision's cost, and a
+        decision mostly reads only the least dense candidate or two. So each idle candidate
+        enters a heap at a lower bound (the least yield any distance reads, times the rest of
+        its density, which is cheap) and its mean is computed only when that bound reaches
+        the top. An entry leaves the heap exact, and only when every bound left is above it,
+        so the order and every value are those of the eager sort (tested, float for float).
+        """
+        yields = self.yields
+        if not yields.version or len(sessions) < 2:
+            # Every yield is the prior (no lookup reported yet), or nothing to order.
+            yield from sorted((self.session_density(s, now), s) for s in sessions)
+            return
+        # Below the least table value by more than the mean's rounding (16 terms): the bound
+        # never passes the exact density it stands for.
+        low = yields.floor() * (1.0 - 1e-9)
+        rate = self.rate(now)
+        lives, resident, used_at, clock = (
+            self.lives,
+            self.tier.session_resident,
+            self._used_at,
+            self.clock,
+        )
+        heap: list[tuple[float, str, Residual | None, float, float, int]] = []
+        for s in sessions:
+            life = lives.get(s)
+            if life is None or life.finished or life.active:
+                # Worthless, or in flight (protected, or scored as a store): exact at once.
+                heap.append((self.session_density(s, now), s, None, 0.0, 0.0, 0))
+                continue
+            age = max(0.0, now - life.last_activity)
+            left = self.spread.residual(
+                GapSpread.bucket(life.expected_gap_s), life.expected_gap_s, age
+            )
+            if left.survivors == 0 or left.mean_left <= 0:
+                heap.append((0.0, s, None, 0.0, 0.0, 0))  # overdue
+                continue
+            value = self._block_value(resident.get(s, 0))
+            distance = clock - used_at.get(s, clock)
+            heap.append((low * value / left.mean_left, s, left, value, age, distance))
+        heapq.heapify(heap)
+        while heap:
+            density, s, spread, value, age, distance = heap[0]
+            if spread is None or density >= stop:
+                # Exact and least, or a bound at the stop (so is every density left).
+                heapq.heappop(heap)
+                yield density, s
+                if density >= stop:
+                    return
+                continue
+            # As ``_density`` computes it, so the value is the same float.
+            useful = yields.mean_along(distance, rate, age, spread.points)
+            heapq.heapreplace(heap, (useful * value / spread.mean_left, s, None, 0.0, 0.0, 0))
 
     def _candidates(self, now: float, n: int) -> Sequence[str]:
         """The idle residents to score: all, or a deterministic sample above ``sample``."""

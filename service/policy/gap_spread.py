@@ -63,6 +63,16 @@ class HitYield:
         self._table: dict[int, float] = {}
         #: Bumped on every observation: the residual caches built on the yields check it.
         self.version = 0
+        #: ``floor()``'s answer at ``version`` (a query cache: not decision state, so a copy or
+        #: a fingerprint leaves it out).
+        self._floor_cache: tuple[int, float] = (-1, prior)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "_floor_cache"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._floor_cache = (-1, self.prior)
 
     def observe(self, distance: float, share: float) -> None:
         if distance < 0 or distance != distance or share != share:
@@ -84,13 +94,23 @@ class HitYield:
     def of(self, distance: float) -> float:
         return self._table.get(_bin(distance), self.prior)
 
+    def floor(self) -> float:
+        """The least yield any distance reads (a bin's mean, or the prior of a bin with too few
+        samples): a lower bound on every :meth:`mean_along`, so a ranking can skip the mean of a
+        candidate that cannot come next."""
+        version, low = self._floor_cache
+        if version != self.version:
+            low = min(self.prior, min(self._table.values(), default=self.prior))
+            self._floor_cache = (self.version, low)
+        return low
+
     def mean_along(self, distance: float, rate: float, age: float, gaps: Sequence[float]) -> float:
         """The mean of ``of(distance + rate * (g - age))`` over ``gaps`` (not empty).
 
         The density policy's inner loop (every scored candidate, every point of its gap
         spread): written out, with ``_bin`` inlined, because a call per point was most of a
         decision's cost once lookups are reported. Equal to the plain mean float for float
-        (``tests/policy/test_gap_spread.py``).
+        (``tests/policy/test_density.py``).
         """
         table, prior, log2, floor = self._table, self.prior, math.log2, math.floor
         ds = [distance + rate * (g - age) for g in gaps]

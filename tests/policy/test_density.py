@@ -6,6 +6,7 @@ rule (wake-up order, whole sessions, recency), so it fails if the order is lost.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -265,3 +266,57 @@ def test_the_written_out_yield_mean_equals_the_plain_one_float_for_float() -> No
         plain = sum(yields.of(distance + rate * (g - age)) for g in gaps) / len(gaps)
         assert yields.mean_along(distance, rate, age, gaps) == plain
     assert len({yields.of(10.0**k) for k in range(6)}) > 1  # the bins differ: not all prior
+
+
+def test_the_lazy_ranking_equals_the_eager_sort_float_for_float() -> None:
+    """``_ascending`` computes a candidate's yield mean only when its lower bound reaches the
+    top; the order and every value it yields are the eager sort's, up to the stop."""
+    rng = random.Random(11)
+    h = Harness("tenure-density", 100_000, {"depth_scale_blocks": 50.0})
+    policy = _density(h)
+    for _ in range(3000):
+        policy.yields.observe(10 ** rng.uniform(-1, 5), rng.random() ** 2)
+        gap = 10 ** rng.uniform(0, 4)  # real gaps around each prediction: warm spreads
+        policy.spread.observe(GapSpread.bucket(gap * 10 ** rng.uniform(-0.5, 0.5)), gap)
+    policy.clock = 50_000
+    policy._ticks.extend([(-600.0, 20_000), (0.0, 50_000)])
+    names = [f"s{i}" for i in range(60)]
+    for name in names:
+        h.turn(name, rng.randint(1, 400), rng.uniform(-500.0, 0.0), gap=10 ** rng.uniform(0, 4))
+        policy._used_at[name] = rng.randint(0, 50_000)
+    h.tier.request_start("s0", 1.0)  # one in flight (queued): scored as an incoming store
+    h.turn("gone", 5, -10.0, last=True)  # a finished one: density 0
+    checked, distinct = 0, 0
+    for now in (5.0, 60.0, 900.0, 20_000.0):
+        sessions = [*names, "gone"]
+        eager = sorted((policy.session_density(s, now), s) for s in sessions)
+        distinct = max(distinct, len({d for d, _s in eager}))
+        lazy = list(policy._ascending(sessions, now, math.inf))
+        assert lazy == eager
+        for stop in (eager[5][0], eager[30][0], (eager[10][0] + eager[11][0]) / 2):
+            cut = next(i for i, (d, _s) in enumerate(eager) if d >= stop)
+            got = list(policy._ascending(sessions, now, stop))
+            assert got[:cut] == eager[:cut]
+            assert len(got) == cut + 1 and got[cut][0] >= stop
+            checked += 1
+    assert checked == 12
+    assert distinct > 30  # the values differ: the order is not trivial
+
+
+def test_the_yield_floor_is_the_least_value_any_distance_reads() -> None:
+    yields = HitYield(min_samples=2, prior=0.9)
+    assert yields.floor() == 0.9  # nothing learned: every distance reads the prior
+    for share in (0.2, 0.4):
+        yields.observe(10.0, share)
+    yields.observe(1000.0, 0.05)  # one sample: still the prior there
+    assert yields.floor() == pytest.approx(0.3)
+    yields.observe(1000.0, 0.05)
+    assert yields.floor() == pytest.approx(0.05)
+    for share in (1.0,) * 40:  # the bin's mean rises: the floor follows
+        yields.observe(1000.0, share)
+    assert yields.floor() == pytest.approx(0.3)
+    rng = random.Random(5)
+    for _ in range(500):
+        gaps = sorted(rng.uniform(0.0, 900.0) for _ in range(rng.randint(1, 16)))
+        mean = yields.mean_along(rng.uniform(0, 5000), rng.uniform(0, 50), 0.0, gaps)
+        assert mean >= yields.floor() * (1.0 - 1e-9)
