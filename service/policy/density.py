@@ -255,12 +255,23 @@ class TenureDensity(SessionPolicy):
         scale = self.params["depth_scale_blocks"]
         return 1.0 + (depth / 2.0 / scale if scale > 0 else 0.0)
 
+    def _left(self, life: SessionLife, age: float) -> Residual | None:
+        """The gaps like ``life``'s that outlast ``age`` (``None``: it outlived every one of
+        them, so it is overdue)."""
+        left = self.spread.residual(GapSpread.bucket(life.expected_gap_s), life.expected_gap_s, age)
+        return None if left.survivors == 0 or left.mean_left <= 0 else left
+
+    def _idle_terms(self, session: str, life: SessionLife, now: float) -> tuple[float, int, int]:
+        """An idle session's age, resident depth and allocation-clock distance."""
+        age = max(0.0, now - life.last_activity)
+        depth = self.tier.session_resident.get(session, 0)
+        return age, depth, self.clock - self._used_at.get(session, self.clock)
+
     def _density(
         self, life: SessionLife, age: float, depth: int, distance: int, now: float
     ) -> float:
-        bucket = GapSpread.bucket(life.expected_gap_s)
-        left = self.spread.residual(bucket, life.expected_gap_s, age)
-        if left.survivors == 0 or left.mean_left <= 0:
+        left = self._left(life, age)
+        if left is None:
             return 0.0  # outlived every gap like it: overdue
         yields = self.yields
         useful = yields.prior
@@ -281,10 +292,7 @@ class TenureDensity(SessionPolicy):
                 return math.inf
             # Queued: scored as the incoming store is (what its copy is worth after this turn).
             return self._incoming_density(session, (), now)
-        age = max(0.0, now - life.last_activity)
-        depth = self.tier.session_resident.get(session, 0)
-        distance = self.clock - self._used_at.get(session, self.clock)
-        return self._density(life, age, depth, distance, now)
+        return self._density(life, *self._idle_terms(session, life, now), now)
 
     def _incoming_density(
         self, incoming: str | None, protected: Sequence[Run], now: float
@@ -356,28 +364,20 @@ class TenureDensity(SessionPolicy):
         # never passes the exact density it stands for.
         low = yields.floor() * (1.0 - 1e-9)
         rate = self.rate(now)
-        lives, resident, used_at, clock = (
-            self.lives,
-            self.tier.session_resident,
-            self._used_at,
-            self.clock,
-        )
         heap: list[tuple[float, str, Residual | None, float, float, int]] = []
         for s in sessions:
-            life = lives.get(s)
+            life = self.lives.get(s)
             if life is None or life.finished or life.active:
                 # Worthless, or in flight (protected, or scored as a store): exact at once.
                 heap.append((self.session_density(s, now), s, None, 0.0, 0.0, 0))
                 continue
-            age = max(0.0, now - life.last_activity)
-            left = self.spread.residual(
-                GapSpread.bucket(life.expected_gap_s), life.expected_gap_s, age
-            )
-            if left.survivors == 0 or left.mean_left <= 0:
+            # ``_density``'s terms, the yield's mean left for later.
+            age, depth, distance = self._idle_terms(s, life, now)
+            left = self._left(life, age)
+            if left is None:
                 heap.append((0.0, s, None, 0.0, 0.0, 0))  # overdue
                 continue
-            value = self._block_value(resident.get(s, 0))
-            distance = clock - used_at.get(s, clock)
+            value = self._block_value(depth)
             heap.append((low * value / left.mean_left, s, left, value, age, distance))
         heapq.heapify(heap)
         while heap:
