@@ -364,6 +364,7 @@ class TenureDensity(SessionPolicy):
         # never passes the exact density it stands for.
         low = yields.floor() * (1.0 - 1e-9)
         rate = self.rate(now)
+        resident, used_at, clock = self.tier.session_resident, self._used_at, self.clock
         heap: list[tuple[float, str, Residual | None, float, float, int]] = []
         for s in sessions:
             life = self.lives.get(s)
@@ -371,13 +372,15 @@ class TenureDensity(SessionPolicy):
                 # Worthless, or in flight (protected, or scored as a store): exact at once.
                 heap.append((self.session_density(s, now), s, None, 0.0, 0.0, 0))
                 continue
-            # ``_density``'s terms, the yield's mean left for later.
-            age, depth, distance = self._idle_terms(s, life, now)
+            # ``_density``'s terms (``_idle_terms`` inlined: this loop is the hot path), the
+            # yield's mean left for later.
+            age = max(0.0, now - life.last_activity)
             left = self._left(life, age)
             if left is None:
                 heap.append((0.0, s, None, 0.0, 0.0, 0))  # overdue
                 continue
-            value = self._block_value(depth)
+            value = self._block_value(resident.get(s, 0))
+            distance = clock - used_at.get(s, clock)
             heap.append((low * value / left.mean_left, s, left, value, age, distance))
         heapq.heapify(heap)
         while heap:
